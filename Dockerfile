@@ -1,0 +1,18 @@
+# One image for every service of compose.yaml: the topic creator, the Faust worker, the mitigation
+# consumer and the trace replayer.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+
+COPY pyproject.toml README.md ./
+COPY straggler ./straggler
+COPY pipeline ./pipeline
+COPY producers ./producers
+COPY consumers ./consumers
+COPY schemas ./schemas
+COPY data ./data
+
+RUN pip install --no-cache-dir .
+
+CMD ["straggler", "--help"]

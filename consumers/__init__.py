@@ -1,0 +1,1 @@
+"""consumers stage of straggler-stream."""

@@ -1,0 +1,93 @@
+"""``straggler mitigate``: run the mitigation consumer until told to stop (or idle)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import asdict
+from types import FrameType
+
+from confluent_kafka import KafkaException
+
+from straggler.kafka.names import TopicNames
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``mitigate`` command to the top-level CLI."""
+    default_bootstrap = os.environ.get(BOOTSTRAP_ENV)
+    p = subparsers.add_parser(
+        "mitigate",
+        help="turn straggler predictions into relaunch commands (transactional, exactly once)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        default=default_bootstrap,
+        required=default_bootstrap is None,
+        help=f"broker address (default: ${BOOTSTRAP_ENV})",
+    )
+    p.add_argument(
+        "--policy", required=True, help="unlimited, limited:M (M spare machines per job) or mantri"
+    )
+    p.add_argument(
+        "--checkpoint-seconds", type=float, default=300.0, help="checkpoint interval (Mantri's horizon)"
+    )
+    p.add_argument("--topic-prefix", default="", help="prefix of every topic name")
+    p.add_argument("--group", default="straggler-mitigation", help="consumer group id")
+    p.add_argument(
+        "--transactional-id", default=None, help="unique per instance (default: <group>-tx, one instance)"
+    )
+    p.add_argument("--batch-size", type=int, default=500, help="records per transaction, at most")
+    p.add_argument(
+        "--idle-timeout", type=float, default=None, help="exit after this many seconds without input"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log one line per transaction")
+    p.set_defaults(func=_mitigate)
+
+
+def _mitigate(args: argparse.Namespace) -> int:
+    from consumers.mitigation import MitigationConsumer
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        consumer = MitigationConsumer(
+            args.bootstrap,
+            args.policy,
+            topics=TopicNames(args.topic_prefix),
+            group_id=args.group,
+            transactional_id=args.transactional_id,
+            checkpoint_interval=args.checkpoint_seconds,
+            batch_size=args.batch_size,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        # The loop finishes (commits) the transaction in flight, then closes the consumer.
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stats = consumer.run(stop=stop, idle_timeout=args.idle_timeout)
+    except KafkaException as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(json.dumps(asdict(stats)))
+    return EXIT_OK

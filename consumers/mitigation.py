@@ -1,0 +1,550 @@
+"""The mitigation consumer: straggler verdicts in, relaunch commands out, exactly once per decision.
+
+Two layers:
+
+`MitigationState` is the pure core: a fold over input records (bytes plus where they came from) that
+drives a `straggler.core.policies` policy and returns the commands and dead letters each record
+causes. It never touches Kafka, so it can be replayed (state rebuild) and tested on its own.
+
+`MitigationConsumer` runs the fold in a transactional consume-transform-produce loop: each consumed
+batch is one Kafka transaction holding the batch's commands, its dead letters and the input offsets,
+so after any crash either all of a batch's effects are visible (read_committed) or none are.
+
+Event-time alignment. The inputs arrive on three topics, and Kafka orders records only within one
+partition, so the consumer may see a job's ``checkpoint_evaluated`` marker for ``T`` before the finish
+events of ``(T - interval, T]`` on ``task-checkpoints``, or after finish events later than ``T``. Acting
+on arrival order would make the policy's state depend on how fetches happened to interleave: a replay
+(the rebuild below) could then reach another state than the live run did, and a finish after ``T``
+would leak future information into the decision at ``T``. So the fold aligns the inputs on event time:
+
+- a marker for ``T`` is acted on only once the job's ``task-checkpoints`` stream has reached ``T``
+  (a ``checkpoint_boundary``, or a ``running`` checkpoint, at ``T`` or later; the replayer writes every
+  finish of ``(T - interval, T]`` before those, and the agent's timer writes its boundaries there too);
+- just before it, the job's finish events with time ``<= T`` that the policy has not seen are applied
+  (in arrival order); later finishes wait for a later marker;
+- a job is dropped (``on_job_ended``) once its ``ended`` event has arrived, none of its markers is
+  waiting, and a marker with a later time has been seen on the same predictions partition (the agent
+  writes markers in checkpoint order per partition, so none of the job's markers can still come).
+
+With that, the commands and the state after consuming given prefixes of the input partitions do not
+depend on the interleaving. A closed-loop driver must therefore wait until the consumer's committed
+offsets are past *both* the marker (on ``straggler-predictions``) and the job's boundary (on
+``task-checkpoints``) before it reads a checkpoint's commands.
+
+State after a restart or an aborted transaction: the policy's state, the prediction buffers, the
+waiting markers and finishes and the issued command ids are a deterministic fold over the input
+records. On every assignment (and after an abort) the consumer rebuilds them by reading the assigned
+input partitions from the beginning up to the group's committed offsets with a separate, unsubscribed
+consumer, through the same fold, discarding outputs; the live consumer then continues from the
+committed offsets. The cost is proportional to the retained input (and input deleted by retention is
+missing from the rebuilt state). A production deployment would instead write a snapshot of the state
+to a compacted topic in the same transaction as the commands and restore from it.
+
+Deployment notes: all input topics must be co-partitioned (same partition count, keyed by job id) and
+assigned with the ``range`` assignor (set here), so one instance sees all of a job's records; each
+instance of a group needs its own ``transactional_id`` (the default ``<group>-tx`` suits one instance).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from schemas import (
+    CheckpointBoundary,
+    CheckpointEvaluated,
+    DeadLetter,
+    JobEvent,
+    Prediction,
+    RelaunchCommand,
+    SchemaError,
+    TaskCheckpoint,
+    command_id,
+    dead_letter_for,
+    decode,
+    encode,
+)
+from straggler.core.online import Decision
+from straggler.core.policies import MitigationPolicy, make_policy
+from straggler.kafka.config import ClientConfig, consumer_config, producer_config
+from straggler.kafka.names import TopicNames
+
+log = logging.getLogger(__name__)
+
+Output = RelaunchCommand | DeadLetter
+
+POLL_TIMEOUT_S = 0.5
+"""Longest a consume call blocks, so ``stop`` and ``idle_timeout`` are noticed within about this."""
+SESSION_TIMEOUT_MS = 10_000
+"""How soon the group notices a killed instance (librdkafka's default is 45 s)."""
+REBUILD_TIMEOUT_S = 300.0
+"""Give up (raise) when a rebuild has not reached the committed offsets by then; stays under the
+default ``max.poll.interval.ms`` (300 s) only when the rebuild starts promptly."""
+TXN_RETRIES = 5
+"""Retries of a retriable ``send_offsets_to_transaction``/``commit_transaction`` before aborting."""
+
+
+@dataclass
+class MitigationStats:
+    """Counts of committed work (records of aborted transactions are not counted)."""
+
+    consumed: int = 0
+    predictions: int = 0
+    checkpoints: int = 0
+    """``checkpoint_evaluated`` markers acted on (handed to the policy)."""
+    commands: int = 0
+    dead_letters: int = 0
+    transactions: int = 0
+    aborts: int = 0
+    rebuilt_records: int = 0
+    """Input records replayed (without producing) to rebuild the state after assignments and aborts."""
+
+
+@dataclass
+class _Job:
+    """What the fold keeps per job, besides the policy's own state."""
+
+    watermark: float = -math.inf
+    """How far the job's ``task-checkpoints`` stream has got: every finish up to here has arrived."""
+    last_marker: float = -math.inf
+    buffered: dict[float, dict[str, Decision]] = field(default_factory=dict)
+    """Predictions by checkpoint time, then task, until the checkpoint's marker arrives."""
+    waiting: deque[tuple[float, list[Decision]]] = field(default_factory=deque)
+    """Markers that arrived before the job's ``task-checkpoints`` reached their time."""
+    finishes: list[tuple[float, str, float]] = field(default_factory=list)
+    """(time, task, latency) of finishes the policy has not been told about yet."""
+    ended_at: float | None = None
+    issued: set[str] = field(default_factory=set)
+
+
+class MitigationState:
+    """The deterministic fold from input records to commands (see the module docstring)."""
+
+    def __init__(self, policy: str, checkpoint_interval: float = 300.0) -> None:
+        self.policy_spec = policy
+        self.policy: MitigationPolicy = make_policy(policy, checkpoint_interval)
+        self._jobs: dict[str, _Job] = {}
+        self._closed: set[str] = set()
+        """Jobs dropped after their end: their stragglers (late finish events) are ignored."""
+        self._ended_by_partition: dict[int, set[str]] = {}
+        self._marker_watermark: dict[int, float] = {}
+        """Latest marker time seen per predictions partition (markers come in time order there)."""
+        self.predictions = 0
+        self.checkpoints = 0
+        self.commands = 0
+        self.dead_letters = 0
+
+    @property
+    def active_jobs(self) -> frozenset[str]:
+        """Jobs whose state is held (not yet dropped after their end)."""
+        return frozenset(self._jobs)
+
+    def process(self, msg_value: bytes | None, topic: str, partition: int, offset: int) -> list[Output]:
+        """Fold one input record into the state; return the commands and dead letters it causes."""
+        try:
+            event = decode(msg_value)
+        except SchemaError as error:
+            self.dead_letters += 1
+            return [dead_letter_for(msg_value, topic, partition, offset, error)]
+        if isinstance(event, Prediction):
+            self._on_prediction(event, partition)
+            return []
+        if isinstance(event, CheckpointEvaluated):
+            return self._on_marker(event, partition)
+        if isinstance(event, TaskCheckpoint):
+            return self._on_task_checkpoint(event, partition)
+        if isinstance(event, CheckpointBoundary):
+            job = self._job(event.job_id)
+            return [] if job is None else self._advance(event.job_id, job, event.checkpoint_time, partition)
+        if isinstance(event, JobEvent) and event.event == "ended":
+            self._on_job_ended(event, partition)
+        return []  # started jobs, and any other valid event, change nothing here
+
+    def _job(self, job_id: str) -> _Job | None:
+        if job_id in self._closed:
+            return None
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = _Job()
+        return job
+
+    def _on_prediction(self, event: Prediction, partition: int) -> None:
+        job = self._job(event.job_id)
+        if job is None or event.checkpoint_time <= job.last_marker:
+            return  # a late copy of a checkpoint already acted on
+        self.predictions += 1
+        job.buffered.setdefault(event.checkpoint_time, {})[event.task_id] = _decision(event)
+
+    def _on_marker(self, event: CheckpointEvaluated, partition: int) -> list[Output]:
+        at = event.checkpoint_time
+        self._marker_watermark[partition] = max(self._marker_watermark.get(partition, -math.inf), at)
+        job = self._job(event.job_id)
+        outputs: list[Output] = []
+        if job is not None and at > job.last_marker:
+            job.last_marker = at
+            decisions = list(job.buffered.pop(at, {}).values())
+            for stale in [t for t in job.buffered if t < at]:
+                del job.buffered[stale]  # predictions whose marker never came
+            if len(decisions) != event.evaluated:
+                log.warning(
+                    "job %s at %s: marker counts %d predictions, %d arrived",
+                    event.job_id,
+                    at,
+                    event.evaluated,
+                    len(decisions),
+                )
+            job.waiting.append((at, decisions))
+            outputs = self._drain(event.job_id, job)
+        self._close_ended(partition)
+        return outputs
+
+    def _on_task_checkpoint(self, event: TaskCheckpoint, partition: int) -> list[Output]:
+        job = self._job(event.job_id)
+        if job is None:
+            return []
+        if event.status == "finished" and event.latency is not None:
+            job.finishes.append((event.checkpoint_time, event.task_id, event.latency))
+        if event.status == "running":
+            return self._advance(event.job_id, job, event.checkpoint_time, partition)
+        return []
+
+    def _advance(self, job_id: str, job: _Job, at: float, partition: int) -> list[Output]:
+        if at <= job.watermark:
+            return []
+        job.watermark = at
+        outputs = self._drain(job_id, job)
+        self._close_ended(partition)
+        return outputs
+
+    def _drain(self, job_id: str, job: _Job) -> list[Output]:
+        """Act on every waiting marker the job's task events have caught up with, in order."""
+        outputs: list[Output] = []
+        while job.waiting and job.waiting[0][0] <= job.watermark:
+            at, decisions = job.waiting.popleft()
+            later = []
+            for finish in job.finishes:
+                if finish[0] <= at:
+                    self.policy.on_task_finished(job_id, finish[1], finish[0], finish[2])
+                else:
+                    later.append(finish)
+            job.finishes = later
+            self.checkpoints += 1
+            for action in self.policy.on_checkpoint(job_id, at, decisions):
+                identity = command_id(job_id, action.task_id, action.action, action.decision_key)
+                if identity in job.issued:
+                    continue
+                job.issued.add(identity)
+                self.commands += 1
+                outputs.append(
+                    RelaunchCommand(
+                        command_id=identity,
+                        job_id=job_id,
+                        task_id=action.task_id,
+                        action=action.action,
+                        reason=action.reason,
+                        policy=self.policy_spec,
+                        issued_at=time.time(),
+                        checkpoint_time=at,
+                    )
+                )
+        return outputs
+
+    def _on_job_ended(self, event: JobEvent, partition: int) -> None:
+        job = self._job(event.job_id)
+        if job is None:
+            return
+        job.ended_at = event.time
+        self._ended_by_partition.setdefault(partition, set()).add(event.job_id)
+        self._close_ended(partition)
+
+    def _close_ended(self, partition: int) -> None:
+        ended = self._ended_by_partition.get(partition)
+        if not ended:
+            return
+        seen_until = self._marker_watermark.get(partition, -math.inf)
+        for job_id in list(ended):
+            job = self._jobs[job_id]
+            if job.ended_at is not None and not job.waiting and seen_until > job.ended_at:
+                self.policy.on_job_ended(job_id)
+                del self._jobs[job_id]
+                self._closed.add(job_id)
+                ended.discard(job_id)
+
+
+def _decision(event: Prediction) -> Decision:
+    """The policy's view of a prediction; fields the method does not produce become NaN."""
+
+    def number(value: float | None) -> float:
+        return math.nan if value is None else float(value)
+
+    return Decision(
+        job_id=event.job_id,
+        task_id=event.task_id,
+        checkpoint_time=event.checkpoint_time,
+        elapsed=event.elapsed,
+        raw_latency=number(event.raw_latency),
+        adjusted_latency=number(event.adjusted_latency),
+        propensity=number(event.propensity),
+        weight=number(event.weight),
+        threshold=event.threshold,
+        is_straggler=event.is_straggler,
+        model_version=event.model_version,
+    )
+
+
+class MitigationConsumer:
+    """Reads predictions, task checkpoints and job events; writes relaunch commands transactionally."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        policy: str,
+        *,
+        topics: TopicNames = TopicNames(),  # noqa: B008 - a frozen value, safe as a default
+        group_id: str = "straggler-mitigation",
+        transactional_id: str | None = None,
+        checkpoint_interval: float = 300.0,
+        batch_size: int = 500,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.group_id = group_id
+        self.transactional_id = transactional_id or f"{group_id}-tx"
+        self.checkpoint_interval = checkpoint_interval
+        self.batch_size = batch_size
+        self.policy_spec = policy
+        self._state = MitigationState(policy, checkpoint_interval)  # pure; also validates the spec
+        self._stats = MitigationStats()
+        self._last_input = time.monotonic()
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.topics.predictions, self.topics.checkpoints, self.topics.job_events]
+
+    def process(self, msg_value: bytes | None, topic: str, partition: int, offset: int) -> list[Output]:
+        """The fold step the loop runs for every record (see `MitigationState.process`)."""
+        return self._state.process(msg_value, topic, partition, offset)
+
+    def run(
+        self,
+        *,
+        stop: threading.Event | None = None,
+        idle_timeout: float | None = None,
+        max_messages: int | None = None,
+    ) -> MitigationStats:
+        """Consume until ``stop`` is set, ``idle_timeout`` seconds pass without input (counted from the
+        last record or assignment), or ``max_messages`` records are processed; return the counts.
+
+        Returns between transactions, so nothing is left open. Fatal Kafka errors (e.g. fenced by a newer
+        instance with the same transactional id) raise `KafkaException`.
+        """
+        self._stats = MitigationStats()
+        consumer = Consumer(self._consumer_config())
+        producer = Producer(self._producer_config())
+        try:
+            producer.init_transactions()  # fences an older instance and aborts what it left open
+            consumer.subscribe(self.inputs, on_assign=self._on_assign)
+            self._last_input = time.monotonic()
+            while not (stop is not None and stop.is_set()):
+                budget = self.batch_size
+                if max_messages is not None:
+                    budget = min(budget, max_messages - self._stats.consumed)
+                    if budget <= 0:
+                        break
+                records = self._consume(consumer, budget)
+                if records:
+                    self._last_input = time.monotonic()
+                    self._transact(consumer, producer, records)
+                elif idle_timeout is not None and time.monotonic() - self._last_input >= idle_timeout:
+                    break
+        finally:
+            consumer.close()  # leaves the group at once, so the partitions move without a timeout
+        return self._stats
+
+    def _consumer_config(self) -> ClientConfig:
+        config = consumer_config(self.bootstrap, self.group_id, read_committed=True)
+        config["partition.assignment.strategy"] = "range"  # co-partitioned topics to one member
+        config["session.timeout.ms"] = SESSION_TIMEOUT_MS
+        return config
+
+    def _producer_config(self) -> ClientConfig:
+        config = producer_config(self.bootstrap, transactional_id=self.transactional_id)
+        config.setdefault("partitioner", "murmur2_random")  # Java's and Faust's key -> partition
+        return config
+
+    def _consume(self, consumer: Consumer, budget: int) -> list[Message]:
+        records = []
+        for message in consumer.consume(num_messages=budget, timeout=POLL_TIMEOUT_S):
+            error = message.error()
+            if error is None:
+                records.append(message)
+            elif error.fatal():
+                raise KafkaException(error)
+            else:
+                log.warning("consumer: %s", error)
+        return records
+
+    def _transact(self, consumer: Consumer, producer: Producer, records: Sequence[Message]) -> None:
+        """One batch, one transaction: its commands, its dead letters and its input offsets."""
+        state = self._state
+        before = (state.predictions, state.checkpoints, state.commands, state.dead_letters)
+        producer.begin_transaction()
+        try:
+            for message in records:
+                outputs = self.process(
+                    message.value(), message.topic() or "", message.partition() or 0, message.offset() or 0
+                )
+                for output in outputs:
+                    if isinstance(output, RelaunchCommand):
+                        self._produce(producer, self.topics.commands, output.job_id.encode(), encode(output))
+                    else:
+                        self._produce(producer, self.topics.dead_letters, message.key(), encode(output))
+            _retrying(lambda: self._send_offsets(producer, consumer))
+            _retrying(producer.commit_transaction)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            abortable = isinstance(error, KafkaError) and (error.txn_requires_abort() or error.retriable())
+            if not abortable or error is None or error.fatal():
+                _abort_quietly(producer)
+                raise
+            log.warning("aborting transaction: %s", error)
+            producer.abort_transaction()
+            self._stats.aborts += 1
+            self._rewind(consumer)
+            return
+        except BaseException:
+            _abort_quietly(producer)
+            raise
+        stats = self._stats
+        stats.transactions += 1
+        stats.consumed += len(records)
+        stats.predictions += state.predictions - before[0]
+        stats.checkpoints += state.checkpoints - before[1]
+        stats.commands += state.commands - before[2]
+        stats.dead_letters += state.dead_letters - before[3]
+        log.debug(
+            "transaction %d: %d records, %d commands, %d dead letters",
+            stats.transactions,
+            len(records),
+            state.commands - before[2],
+            state.dead_letters - before[3],
+        )
+
+    def _send_offsets(self, producer: Producer, consumer: Consumer) -> None:
+        """Put the consumer's positions in the transaction (partitions it has not read are skipped)."""
+        positions = consumer.position(consumer.assignment())
+        producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata())
+
+    @staticmethod
+    def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes) -> None:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                return
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                producer.poll(0.1)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Rebuild the state of the new assignment, then start reading where the group committed."""
+        consumer.assign(self._restore(consumer, partitions))
+        self._last_input = time.monotonic()
+
+    def _rewind(self, consumer: Consumer) -> None:
+        """After an abort: back to the committed offsets, with the state as of those offsets."""
+        for start in self._restore(consumer, consumer.assignment()):
+            consumer.seek(start)
+
+    def _restore(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """Replace the state by the fold of the committed input; return where to continue reading."""
+        committed = consumer.committed(partitions) if partitions else []
+        targets = {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
+        state = MitigationState(self.policy_spec, self.checkpoint_interval)
+        replayed = self._replay(state, targets)
+        self._state = state
+        self._stats.rebuilt_records += replayed
+        log.info("rebuilt the state of %d partitions from %d records", len(partitions), replayed)
+        return [
+            TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+            for tp in committed
+        ]
+
+    def _replay(self, state: MitigationState, targets: dict[tuple[str, int], int]) -> int:
+        """Fold every record before ``targets`` (exclusive end offsets) into ``state``; outputs dropped."""
+        if not targets:
+            return 0
+        config = consumer_config(self.bootstrap, f"{self.group_id}-rebuild", read_committed=True)
+        config["enable.partition.eof"] = True  # the end of a partition ends its replay (below)
+        reader = Consumer(config)
+        remaining = dict(targets)
+        replayed = 0
+        deadline = time.monotonic() + REBUILD_TIMEOUT_S
+        try:
+            reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in targets])
+            while remaining:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"state rebuild did not reach the committed offsets of {remaining}")
+                done = []
+                for message in reader.consume(num_messages=self.batch_size, timeout=POLL_TIMEOUT_S):
+                    where = (message.topic() or "", message.partition() or 0)
+                    end = remaining.get(where)
+                    if end is None:
+                        continue
+                    error = message.error()
+                    offset = message.offset() or 0
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            done.append(where)
+                        elif error.fatal():
+                            raise KafkaException(error)
+                        continue
+                    if offset < end:
+                        state.process(message.value(), where[0], where[1], offset)
+                        replayed += 1
+                    if offset + 1 >= end:
+                        done.append(where)
+                for where in done:
+                    if remaining.pop(where, None) is not None:
+                        reader.pause([TopicPartition(*where)])
+        finally:
+            reader.close()
+        return replayed
+
+
+def _retrying(call: Callable[[], object]) -> None:
+    """Run a transactional call again while it fails with a retriable error (librdkafka's advice for
+    ``send_offsets_to_transaction`` and ``commit_transaction``); other errors go to the caller."""
+    for attempt in range(TXN_RETRIES + 1):
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, KafkaError) and error.retriable() and not error.txn_requires_abort()
+            if not retriable or attempt == TXN_RETRIES:
+                raise
+            log.info("retrying after %s", error)
+
+
+def _abort_quietly(producer: Producer) -> None:
+    """Best-effort abort on the way out of an error (the error being raised matters more)."""
+    try:
+        producer.abort_transaction(5.0)
+    except KafkaException as exc:
+        log.debug("abort after error failed: %s", exc)

@@ -1,0 +1,1 @@
+"""pipeline stage of straggler-stream."""

@@ -1,0 +1,301 @@
+"""The Faust worker: one App, one agent partitioned by job id, NURD at every checkpoint boundary.
+
+Topology (all topics co-partitioned and keyed by job id; see docs/stream-protocol.md)::
+
+    task-checkpoints + job-events --> [agent: decode, validate, update, evaluate] --> straggler-predictions
+                                                 \\--> dead-letters (anything that fails to decode)
+
+The agent only moves events: it decodes and validates them (`schemas`), feeds task events to the
+job's `OnlineJob` (`straggler.core.online`, the same object the offline evaluator drives), and, at a
+checkpoint boundary, publishes one prediction per evaluated task and a ``checkpoint_evaluated``
+marker. Jobs that send no boundaries (live telemetry) are evaluated on a timer: the timer publishes
+a boundary into the job's own partition, so every evaluation happens in-stream, where table writes
+go to the right changelog partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import faust
+from faust.types import EventT
+
+from pipeline.jobstore import JobStore, feature_vector, new_online_job
+from schemas import (
+    CheckpointBoundary,
+    CheckpointEvaluated,
+    JobEvent,
+    Prediction,
+    SchemaError,
+    TaskCheckpoint,
+    dead_letter_for,
+    decode,
+    encode,
+)
+from straggler.core.online import Decision
+from straggler.core.registry import make_method
+from straggler.kafka.names import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker is configured with; one App per settings."""
+
+    bootstrap: str
+    method: str = "nurd"
+    topics: TopicNames = field(default_factory=TopicNames)
+    partitions: int = 8
+    app_id: str = "straggler-agent"
+    quantile: float = 0.9
+    start_fraction: float = 0.04
+    refit_growth: float = 0.25
+    seed: int = 0
+    live_interval: float = 30.0
+    """Seconds between evaluations of a live job (one that sends no checkpoint boundaries)."""
+    pending_grace: float = 30.0
+    """How long events of a job wait for its job_event 'started' before they are dead-lettered."""
+    datadir: str | None = None
+
+
+@dataclass
+class AgentStats:
+    events: int = 0
+    task_events: int = 0
+    boundaries: int = 0
+    predictions: int = 0
+    dead_letters: int = 0
+    ignored: int = 0
+
+
+def _nan_to_none(value: float) -> float | None:
+    return None if value != value else value
+
+
+def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction:
+    return Prediction(
+        job_id=d.job_id,
+        task_id=d.task_id,
+        checkpoint_time=d.checkpoint_time,
+        raw_latency=_nan_to_none(d.raw_latency),
+        adjusted_latency=_nan_to_none(d.adjusted_latency),
+        propensity=_nan_to_none(d.propensity),
+        weight=_nan_to_none(d.weight),
+        threshold=d.threshold,
+        is_straggler=d.is_straggler,
+        method=method,
+        model_version=d.model_version,
+        elapsed=d.elapsed,
+        produced_at=produced_at,
+    )
+
+
+def create_app(settings: WorkerSettings) -> faust.App:
+    """Build the worker's App with its topics, tables, agent and timer."""
+    names = settings.topics
+    app = faust.App(
+        f"{settings.app_id}{'-' + names.prefix.rstrip('-.') if names.prefix else ''}",
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        topic_partitions=settings.partitions,
+        topic_disable_leader=True,
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=False,
+        producer_acks=-1,
+        broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        datadir=settings.datadir,
+    )
+    inputs = app.topic(names.checkpoints, names.job_events, key_type=bytes, value_type=bytes)
+    predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
+    dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
+    boundaries = app.topic(names.checkpoints, key_type=bytes, value_type=bytes)
+    tasks = app.Table(
+        "tasks", partitions=settings.partitions, help="one row per task: latest state of each task"
+    )
+    jobs = app.Table(
+        "jobs", partitions=settings.partitions, help="one row per job: protocol state and model version"
+    )
+    models = app.Table(
+        "models", partitions=settings.partitions, help="each job's fitted method, at every refit"
+    )
+
+    protocol = {
+        "quantile": settings.quantile,
+        "start_fraction": settings.start_fraction,
+        "refit_growth": settings.refit_growth,
+    }
+    store = JobStore(
+        tasks, jobs, models, new_online_job(lambda: make_method(settings.method, settings.seed), protocol)
+    )
+    stats = AgentStats()
+    pending: dict[str, list[tuple[float, TaskCheckpoint]]] = defaultdict(list)
+    app.straggler_stats = stats  # type: ignore[attr-defined]
+
+    async def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """The cache may hold jobs that are no longer ours, or miss changelog updates: drop it."""
+        store.forget_cache()
+
+    app.on_partitions_revoked.connect(cast(Any, on_partitions_moved))
+    app.on_partitions_assigned.connect(cast(Any, on_partitions_moved))
+
+    async def dead_letter(event: EventT, error: str | BaseException) -> None:
+        stats.dead_letters += 1
+        message = event.message
+        letter = dead_letter_for(
+            message.value or b"", message.topic, message.partition, message.offset, error
+        )
+        await dead_letters.send(key=message.key, value=encode(letter))
+
+    def apply_task(event: TaskCheckpoint) -> bool:
+        """Feed one task event to its job; False when the job is unknown (not started yet)."""
+        meta = store.meta(event.job_id)
+        job = store.job(event.job_id)
+        if meta is None or job is None:
+            return False
+        if not meta.feature_names:
+            meta.feature_names = list(event.features)
+            store.save_meta(event.job_id, meta)
+            store.forget_cache()  # rebuild with the right feature count
+            job = store.job(event.job_id)
+            assert job is not None
+        x = feature_vector(meta.feature_names, event.features)
+        if event.status == "running":
+            start = event.start_time if event.start_time is not None else event.checkpoint_time
+            changed = job.state.observe_running(event.task_id, x, start, event.checkpoint_time, event.attempt)
+        elif event.status == "finished":
+            assert event.latency is not None  # the schema requires it
+            changed = job.state.observe_finished(
+                event.task_id, x, event.latency, event.checkpoint_time, event.attempt
+            )
+        else:
+            changed = job.state.observe_gone(event.task_id, event.checkpoint_time, event.attempt)
+        if changed:
+            store.put_task(job, event.task_id)
+        else:
+            stats.ignored += 1
+        return True
+
+    async def evaluate(job_id: str, at: float, boundary_produced_at: float | None) -> None:
+        meta = store.meta(job_id)
+        if meta is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
+            stats.ignored += 1
+            return  # a duplicate or late boundary: the checkpoint was already evaluated
+        decisions = store.evaluate(job_id, at)
+        now = time.time()
+        key = job_id.encode()
+        for d in decisions:
+            await predictions.send(key=key, value=encode(prediction_event(d, settings.method, now)))
+        meta = store.meta(job_id)
+        assert meta is not None
+        marker = CheckpointEvaluated(
+            job_id=job_id,
+            checkpoint_time=at,
+            evaluated=len(decisions),
+            flagged=sum(d.is_straggler for d in decisions),
+            model_version=meta.model_version,
+            boundary_produced_at=boundary_produced_at,
+            produced_at=time.time(),
+        )
+        await predictions.send(key=key, value=encode(marker))
+        stats.predictions += len(decisions)
+        if meta.ended_at is not None and at >= meta.ended_at:
+            store.drop(job_id)
+
+    @app.agent(inputs)
+    async def straggler_agent(stream: faust.StreamT[bytes]) -> None:
+        """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions."""
+        async for event in stream.events():
+            stats.events += 1
+            try:
+                decoded = decode(event.value)
+            except SchemaError as error:
+                await dead_letter(event, error)
+                continue
+            if isinstance(decoded, TaskCheckpoint):
+                stats.task_events += 1
+                if not apply_task(decoded):
+                    pending[decoded.job_id].append((time.monotonic(), decoded))
+            elif isinstance(decoded, CheckpointBoundary):
+                stats.boundaries += 1
+                meta = store.meta(decoded.job_id)
+                if meta is None:
+                    await dead_letter(event, f"checkpoint_boundary for unknown job {decoded.job_id!r}")
+                    continue
+                if decoded.origin == "timer":
+                    if meta.live:
+                        await evaluate(decoded.job_id, decoded.checkpoint_time, None)
+                    continue
+                if meta.live:  # the producer sends boundaries: no timer for this job any more
+                    meta.live = False
+                    store.save_meta(decoded.job_id, meta)
+                await evaluate(decoded.job_id, decoded.checkpoint_time, decoded.produced_at)
+            elif isinstance(decoded, JobEvent):
+                await handle_job_event(decoded)
+                for _, waiting in pending.pop(decoded.job_id, []):
+                    apply_task(waiting)
+            else:
+                await dead_letter(event, f"unexpected {decoded.type} event on {event.message.topic}")
+            await expire_pending(event)
+
+    async def handle_job_event(event: JobEvent) -> None:
+        if event.event == "started":
+            assert event.expected_tasks is not None
+            store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=True)
+            return
+        meta = store.meta(event.job_id)
+        if meta is None:
+            stats.ignored += 1
+            return
+        if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
+            store.drop(event.job_id)
+        else:
+            meta.ended_at = event.time
+            store.save_meta(event.job_id, meta)
+
+    async def expire_pending(current: EventT) -> None:
+        if not pending:
+            return
+        deadline = time.monotonic() - settings.pending_grace
+        for job_id in [j for j, items in pending.items() if items and items[0][0] < deadline]:
+            for _, waiting in pending.pop(job_id):
+                stats.dead_letters += 1
+                letter = dead_letter_for(
+                    encode(waiting),
+                    names.checkpoints,
+                    -1,
+                    -1,
+                    f"task_checkpoint for unknown job {job_id!r}: no job_event 'started' within "
+                    f"{settings.pending_grace:.0f}s",
+                )
+                await dead_letters.send(key=job_id.encode(), value=encode(letter))
+
+    @app.timer(interval=settings.live_interval)
+    async def evaluate_live_jobs() -> None:
+        """Jobs that send no boundaries get one from the worker, into their own partition.
+
+        Only jobs this worker has handled since its last rebalance (its cache) are ticked, so two
+        workers never tick the same job; a live job re-enters the cache with its next report.
+        """
+        now = time.time()
+        for job_id in store.cached_jobs():
+            meta = store.meta(job_id)
+            if meta is None or not meta.live:
+                continue
+            meta.ticks += 1
+            tick = CheckpointBoundary(
+                job_id=job_id,
+                checkpoint_time=now,
+                checkpoint_index=meta.ticks,
+                produced_at=now,
+                origin="timer",
+            )
+            await boundaries.send(key=job_id.encode(), value=encode(tick))
+
+    return app

@@ -1,0 +1,43 @@
+"""``straggler worker``: run the Faust NURD agent."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from faust.worker import Worker
+
+    from pipeline.app import WorkerSettings, create_app
+    from straggler.kafka.names import TopicNames
+
+    settings = WorkerSettings(
+        bootstrap=args.bootstrap,
+        method=args.method,
+        topics=TopicNames(args.topic_prefix),
+        partitions=args.partitions,
+        live_interval=args.live_interval,
+        seed=args.seed,
+        datadir=args.datadir,
+    )
+    app = create_app(settings)
+    logging.basicConfig(level=args.loglevel.upper())
+    worker = Worker(app, loglevel=args.loglevel, quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("worker", help="run the Faust NURD agent (partitioned by job id)")
+    p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port")
+    p.add_argument("--method", default="nurd", help="straggler method (see `straggler evaluate --help`)")
+    p.add_argument("--topic-prefix", default="", help="namespace for all topics (tests, several replays)")
+    p.add_argument("--partitions", type=int, default=8, help="must equal the input topics' partition count")
+    p.add_argument(
+        "--live-interval", type=float, default=30.0, help="seconds between evaluations of live jobs"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")
+    p.add_argument("--loglevel", default="warning")
+    p.set_defaults(func=_worker)

@@ -1,0 +1,201 @@
+"""Each job's `OnlineJob`, kept in Faust tables so a restarted or rebalanced worker gets it back.
+
+Three tables, all written while the agent handles an event of the job, so every write goes to the
+changelog partition of the job's own partition (the topics are co-partitioned):
+
+``tasks``   one row per task (``job \\x1f task``): status, latest features, start, attempt, latency,
+            when it was flagged. A task event rewrites one row, never a whole job.
+``jobs``    one row per job: expected tasks, feature names, model version, size of the finished set
+            at the last fit, whether it is calibrated, last evaluated checkpoint, live or replayed.
+``models``  the fitted method of each job, pickled at every refit (about 15 per job), so a recovered
+            worker predicts with exactly the model it had, instead of a refit on different data.
+
+The in-memory ``OnlineJob`` objects are a cache derived from the tables: dropped whenever partitions
+are revoked or assigned, rebuilt from the tables on the next event of the job.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from straggler.core.jobstate import TaskRecord, TaskStatus
+from straggler.core.method import StragglerMethod
+from straggler.core.online import Decision, OnlineJob
+
+SEPARATOR = "\x1f"
+
+
+def task_key(job_id: str, task_id: str) -> bytes:
+    return f"{job_id}{SEPARATOR}{task_id}".encode()
+
+
+def encode_task(record: TaskRecord, flagged_at: float | None) -> bytes:
+    features = [None if math.isnan(v) else float(v) for v in record.features]
+    return orjson.dumps(
+        {
+            "s": int(record.status),
+            "x": features,
+            "st": record.start,
+            "t": record.observed_at,
+            "a": record.attempt,
+            "l": None if math.isnan(record.latency) else record.latency,
+            "f": flagged_at,
+        }
+    )
+
+
+def decode_task(payload: bytes) -> tuple[TaskRecord, float | None]:
+    row = orjson.loads(payload)
+    features = np.array([np.nan if v is None else v for v in row["x"]], dtype=np.float64)
+    latency = float("nan") if row["l"] is None else float(row["l"])
+    record = TaskRecord(TaskStatus(row["s"]), features, row["st"], row["t"], row["a"], latency)
+    return record, row["f"]
+
+
+@dataclass
+class JobMeta:
+    """The per-job row of the ``jobs`` table."""
+
+    expected_tasks: int
+    feature_names: list[str]
+    live: bool = True
+    """No checkpoint boundary seen yet: evaluated on the worker's timer."""
+    model_version: int = 0
+    fitted_on: int = 0
+    calibrated: bool = False
+    last_evaluated: float | None = None
+    ended_at: float | None = None
+    ticks: int = 0
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.__dict__)
+
+    @classmethod
+    def decode(cls, payload: bytes) -> JobMeta:
+        return cls(**orjson.loads(payload))
+
+
+JobFactory = Callable[[str, JobMeta], OnlineJob]
+
+
+@dataclass
+class JobStore:
+    """Write-through cache of `OnlineJob`s over the three tables."""
+
+    tasks: MutableMapping[bytes, bytes]
+    jobs: MutableMapping[bytes, bytes]
+    models: MutableMapping[bytes, bytes]
+    make_job: JobFactory
+    _cache: dict[str, tuple[JobMeta, OnlineJob]] = field(default_factory=dict)
+
+    def forget_cache(self) -> None:
+        """Partitions moved: what is cached may no longer be ours, or may be stale."""
+        self._cache.clear()
+
+    def meta(self, job_id: str) -> JobMeta | None:
+        cached = self._cache.get(job_id)
+        if cached is not None:
+            return cached[0]
+        payload = self.jobs.get(job_id.encode())
+        return None if payload is None else JobMeta.decode(payload)
+
+    def cached_jobs(self) -> list[str]:
+        """Jobs this worker has handled since partitions last moved (all of them its own)."""
+        return list(self._cache)
+
+    def save_meta(self, job_id: str, meta: JobMeta) -> None:
+        self.jobs[job_id.encode()] = meta.encode()
+
+    def start(self, job_id: str, expected_tasks: int, feature_names: list[str], live: bool) -> JobMeta:
+        """Register a job (idempotent: a repeated start keeps what the job has learned)."""
+        existing = self.meta(job_id)
+        if existing is not None:
+            return existing
+        meta = JobMeta(expected_tasks=expected_tasks, feature_names=feature_names, live=live)
+        self.save_meta(job_id, meta)
+        return meta
+
+    def job(self, job_id: str) -> OnlineJob | None:
+        """The job's `OnlineJob`, from the cache or rebuilt from the tables; None if unknown."""
+        cached = self._cache.get(job_id)
+        if cached is not None:
+            return cached[1]
+        meta = self.meta(job_id)
+        if meta is None:
+            return None
+        job = self.make_job(job_id, meta)
+        prefix = f"{job_id}{SEPARATOR}".encode()
+        for key, payload in self._rows(prefix):
+            record, flagged_at = decode_task(payload)
+            task_id = key[len(prefix) :].decode()
+            job.state.tasks[task_id] = record
+            if flagged_at is not None:
+                job.state.flagged[task_id] = flagged_at
+        model = self.models.get(job_id.encode())
+        if model is not None:
+            job.method = pickle.loads(model)
+        job.model_version = meta.model_version
+        job.fitted_on = meta.fitted_on
+        job.calibrated = meta.calibrated
+        self._cache[job_id] = (meta, job)
+        return job
+
+    def _rows(self, prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
+        return [(k, v) for k, v in self.tasks.items() if k.startswith(prefix)]
+
+    def put_task(self, job: OnlineJob, task_id: str) -> None:
+        record = job.state.tasks[task_id]
+        self.tasks[task_key(job.job_id, task_id)] = encode_task(record, job.state.flagged.get(task_id))
+
+    def evaluate(self, job_id: str, at: float) -> list[Decision]:
+        """Run the job's checkpoint at ``at`` and persist what it changed."""
+        job = self.job(job_id)
+        meta = self.meta(job_id)
+        if job is None or meta is None:
+            return []
+        version_before = job.model_version
+        decisions = job.checkpoint(at)
+        for d in decisions:
+            if d.is_straggler:
+                self.put_task(job, d.task_id)
+        if job.model_version != version_before:
+            self.models[job_id.encode()] = pickle.dumps(job.method)
+        meta.model_version = job.model_version
+        meta.fitted_on = job.fitted_on
+        meta.calibrated = job.calibrated
+        meta.last_evaluated = at
+        self.save_meta(job_id, meta)
+        return decisions
+
+    def drop(self, job_id: str) -> int:
+        """Forget a finished job: delete its rows (tombstones in the changelogs)."""
+        prefix = f"{job_id}{SEPARATOR}".encode()
+        keys = [k for k, _ in self._rows(prefix)]
+        for key in keys:
+            del self.tasks[key]
+        for table in (self.jobs, self.models):
+            if job_id.encode() in table:
+                del table[job_id.encode()]
+        self._cache.pop(job_id, None)
+        return len(keys)
+
+
+def feature_vector(names: list[str], features: Mapping[str, float]) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """Features in the job's order; a name the event leaves out is unknown (NaN)."""
+    return np.array([features.get(name, np.nan) for name in names], dtype=np.float64)
+
+
+def new_online_job(make_method: Callable[[], StragglerMethod], settings: Mapping[str, Any]) -> JobFactory:
+    """A factory for the store: one fresh method per job, the worker's protocol settings."""
+
+    def factory(job_id: str, meta: JobMeta) -> OnlineJob:
+        return OnlineJob(job_id, make_method(), len(meta.feature_names), meta.expected_tasks, **settings)
+
+    return factory

@@ -1,0 +1,1 @@
+"""producers stage of straggler-stream."""

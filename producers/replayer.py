@@ -1,0 +1,681 @@
+"""Replay `JobTrace`s onto Kafka as a cluster's monitoring would have sent them (docs/stream-protocol.md).
+
+Open loop, the trace is published as recorded: at every instant of the global timeline (the sorted
+union of every job's checkpoints), each job active at that instant gets, in job order, its ``started``
+event (before its first checkpoint), the finish and kill events of the interval, one ``running`` event
+per running task and the checkpoint boundary; ``ended`` follows its last boundary.
+
+Closed loop, the replay is also the cluster that obeys the pipeline: after the boundaries of an instant
+it waits for the agent's ``checkpoint_evaluated`` marker of every job and for the mitigation
+consumer's committed offset to pass it, reads the committed relaunch commands, and changes its
+simulation of the affected jobs (`JobSimulation`) before it moves on. A job's completion time before
+and after the commands is the end-to-end result of the pipeline.
+
+Simplifications of the closed-loop simulation, each chosen so no future information reaches the stream:
+
+- a relaunched task's new run takes the latency `relaunch_latencies` draws for it (the offline
+  evaluator's draws, task for task), and reports, while it runs and when it finishes, the features last
+  observed for the task at the relaunch instant (computed from events strictly before that instant). The
+  trace's ``finish_features`` describe the original run at its original finish, i.e. the future of the
+  relaunch instant, so they are not used for a new run;
+- a duplicated task keeps its attempt, start and features; it finishes at the earlier of its original
+  end and the copy's end (the relaunch instant plus its draw);
+- a killed task ends, as ``killed``, at the instant of the command;
+- a job whose tasks now end after its last checkpoint gets further checkpoints on the same grid.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+import uuid
+from bisect import insort
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from tqdm import tqdm
+
+from schemas import (
+    CheckpointBoundary,
+    CheckpointEvaluated,
+    Event,
+    JobEvent,
+    RelaunchCommand,
+    SchemaError,
+    TaskCheckpoint,
+    decode,
+    encode,
+)
+from straggler.core.scheduling import relaunch_latencies
+from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
+from straggler.kafka.names import TopicNames
+from straggler.traces.jobtrace import BoolArray, FloatArray, IntArray, JobTrace
+
+MAX_SLEEP_SECONDS = 60.0
+"""Longest wall-clock pause between two instants when ``speed > 0``: a trace with hours of idle time
+between checkpoints must not freeze a replay for hours."""
+
+FLUSH_TIMEOUT_SECONDS = 120.0
+"""How long a flush may take before the broker is declared unreachable."""
+
+POLL_SECONDS = 0.05
+"""Consumer poll granularity while the closed loop waits for the pipeline."""
+
+PRODUCER_SOURCE = "replayer"
+
+SendEvent = Callable[[str, str, Event], None]
+"""``send(topic, job_id, event)``: encode and produce one event keyed by its job."""
+
+CheckpointStep = tuple[int, float, IntArray, IntArray, IntArray, FloatArray]
+"""``(k, t, newly_finished, newly_gone, running_idx, running_X)``, as `JobTrace.checkpoint_events`."""
+
+
+class ReplayStalled(RuntimeError):
+    """The closed loop waited ``wait_timeout`` seconds for the pipeline and it did not answer."""
+
+    def __init__(self, instant: float, waiting: dict[str, str], timeout: float) -> None:
+        detail = "; ".join(f"{job}: {why}" for job, why in sorted(waiting.items()))
+        super().__init__(
+            f"closed-loop replay stalled at t={instant:g}: after {timeout:g} s still waiting for "
+            f"{len(waiting)} job(s): {detail}"
+        )
+        self.instant = instant
+        self.waiting = waiting
+
+
+def feature_map(names: Sequence[str], row: FloatArray) -> dict[str, float]:
+    """A feature row as the stream carries it: unknown (non-finite) values are left out."""
+    return {name: value for name, value in zip(names, row.tolist(), strict=True) if math.isfinite(value)}
+
+
+def replay_producer_config(bootstrap: str) -> dict[str, str | int | float | bool]:
+    """`producer_config` with the murmur2 partitioner the protocol requires (Java/aiokafka placement)."""
+    config = dict(producer_config(bootstrap))
+    config.setdefault("partitioner", "murmur2_random")
+    return config
+
+
+class JobSimulation:
+    """One job's tasks as the closed loop changes them: start, end, outcome and attempt of each task.
+
+    Without commands, `step` yields exactly what `JobTrace.checkpoint_events` yields (a test checks it):
+    a task runs at t when ``start <= t`` and it has not ended by t, and its end is announced at the first
+    checkpoint at or after it.
+    """
+
+    def __init__(self, trace: JobTrace, seed: int) -> None:
+        n = trace.n_tasks
+        self.trace = trace
+        self.seed = seed
+        self.start: FloatArray = trace.start.astype(np.float64, copy=True)
+        self.end: FloatArray = trace.end.astype(np.float64, copy=True)
+        self.finished: BoolArray = trace.finished.copy()
+        self.attempt: IntArray = np.zeros(n, dtype=np.int64)
+        self.reported: BoolArray = np.zeros(n, dtype=bool)
+        """The task's end has been published."""
+        self.rerun: BoolArray = np.zeros(n, dtype=bool)
+        """The task's end is no longer the trace's (relaunched, killed, or a duplicate won)."""
+        self.frozen: BoolArray = np.zeros(n, dtype=bool)
+        """The task runs a new attempt the trace does not describe: its features stay as at relaunch."""
+        self.last_features: FloatArray = np.full((n, len(trace.feature_names)), np.nan)
+        self.checkpoints: list[float] = [float(t) for t in trace.checkpoints]
+        self.task_index: dict[str, int] = {}
+        for i, task_id in enumerate(trace.task_ids):
+            self.task_index.setdefault(task_id, i)
+        self._draws: FloatArray | None = None
+
+    def running_at(self, t: float) -> BoolArray:
+        with np.errstate(invalid="ignore"):
+            return (self.start <= t) & ~(self.end <= t)
+
+    def step(self, k: int, t: float) -> CheckpointStep:
+        """Checkpoint ``k`` at ``t``: the ends to announce since the last one, and the running tasks."""
+        with np.errstate(invalid="ignore"):
+            ending = np.flatnonzero(~self.reported & np.isfinite(self.end) & (self.end <= t))
+        self.reported[ending] = True
+        running = np.flatnonzero(self.running_at(t))
+        features = self.last_features[running]
+        if k < len(self.trace.running_index):
+            position = np.full(self.trace.n_tasks, -1, dtype=np.int64)
+            trace_running = self.trace.running_index[k]
+            position[trace_running] = np.arange(len(trace_running))
+            rows = position[running]
+            from_trace = (rows >= 0) & ~self.frozen[running]
+            features[from_trace] = self.trace.running_features[k][rows[from_trace]]
+        self.last_features[running] = features
+        done = self.finished[ending]
+        return k, t, ending[done], ending[~done], running, features
+
+    def finish_features(self, i: int) -> FloatArray:
+        """The features a finish event carries: the trace's own, unless the task's end was changed."""
+        if self.rerun[i]:
+            return self.last_features[i]
+        return self.trace.finish_features[i]
+
+    def new_latency(self, i: int) -> float:
+        """Task ``i``'s new-run latency: scored tasks get the offline evaluator's draws, in order, and
+        the others the draws after those (NaN when the job has no latency to draw from)."""
+        if self._draws is None:
+            scored = self.trace.scored
+            n_scored = int(scored.sum())
+            draws = np.full(self.trace.n_tasks, np.nan)
+            if n_scored:
+                pool = self.trace.latency[scored]
+                sample = relaunch_latencies(pool, self.trace.n_tasks, self.trace.job_id, self.seed)
+                draws[scored] = sample[:n_scored]
+                draws[~scored] = sample[n_scored:]
+            self._draws = draws
+        return float(self._draws[i])
+
+    def apply(self, command: RelaunchCommand, t: float) -> str | None:
+        """Carry out ``command`` at instant ``t``; the reason it was ignored, or None if applied."""
+        i = self.task_index.get(command.task_id)
+        if i is None:
+            return "unknown task"
+        if not self.running_at(t)[i]:
+            return "task not running"
+        if command.action == "kill":
+            self.end[i] = t
+            self.finished[i] = False
+            self.rerun[i] = True
+            return None
+        draw = self.new_latency(i)
+        if not math.isfinite(draw):
+            return "job has no latency to draw from"
+        new_end = t + draw
+        if command.action == "relaunch":
+            self.attempt[i] += 1
+            self.start[i] = t
+            self.end[i] = new_end
+            self.finished[i] = True
+            self.rerun[i] = True
+            self.frozen[i] = True
+        elif not (new_end >= self.end[i]):  # duplicate: the copy wins (also when the original never ends)
+            self.end[i] = new_end
+            self.finished[i] = True
+            self.rerun[i] = True
+        return None
+
+    def extend(self, t: float, interval: float) -> list[float]:
+        """Checkpoints to add after ``t`` so every end not yet announced gets a checkpoint at or after it."""
+        with np.errstate(invalid="ignore"):
+            pending = ~self.reported & np.isfinite(self.end)
+        if not pending.any():
+            return []
+        need = max(float(self.end[pending].max()), t)
+        last = self.checkpoints[-1]
+        if last >= need and last > t:
+            return []
+        first = round(last / interval) + 1
+        stop = max(first, math.ceil(need / interval))
+        if interval * stop <= t:
+            stop += 1
+        added = [float(c) for c in interval * np.arange(first, stop + 1, dtype=np.float64)]
+        self.checkpoints.extend(added)
+        return added
+
+
+@dataclass
+class JobOutcome:
+    """A job's scored tasks before and after the pipeline's commands (identical in open loop)."""
+
+    job_id: str
+    task_ids: list[str]
+    start_before: FloatArray
+    end_before: FloatArray
+    start_after: FloatArray
+    end_after: FloatArray
+    attempts: IntArray
+
+    @property
+    def jct_before(self) -> float:
+        """Job completion time as traced: last scored end minus first scored start."""
+        if not len(self.task_ids):
+            return math.nan
+        return float(self.end_before.max() - self.start_before.min())
+
+    @property
+    def jct_after(self) -> float:
+        """Completion time after the commands, from the same beginning: a relaunch moves a task's start,
+        not the job's (as `straggler.core.scheduling.simulate_relaunches` counts it)."""
+        if not len(self.task_ids):
+            return math.nan
+        return float(self.end_after.max() - self.start_before.min())
+
+    @property
+    def relaunched(self) -> int:
+        return int(np.count_nonzero(self.attempts > 0))
+
+
+@dataclass
+class ReplayResult:
+    events_produced: int
+    delivery_failures: int
+    jobs: int
+    instants: int
+    wall_seconds: float
+    commands_applied: int = 0
+    commands_ignored: int = 0
+    commands_duplicate: int = 0
+    """Commands whose ``command_id`` had been seen already (redeliveries), not applied again."""
+    undecodable: int = 0
+    """Records on the predictions or commands topics that `schemas.decode` rejected (skipped)."""
+    ignored_reasons: dict[str, int] = field(default_factory=dict)
+    delivery_errors: list[str] = field(default_factory=list)
+    outcomes: dict[str, JobOutcome] = field(default_factory=dict)
+    boundary_produced_at: dict[tuple[str, float], float] = field(default_factory=dict)
+    """Wall-clock time each (job, checkpoint time) boundary was produced: subtract it from the marker's
+    or the command's time to get the pipeline's decision latency."""
+
+    @property
+    def jct_before(self) -> dict[str, float]:
+        return {job: outcome.jct_before for job, outcome in self.outcomes.items()}
+
+    @property
+    def jct_after(self) -> dict[str, float]:
+        return {job: outcome.jct_after for job, outcome in self.outcomes.items()}
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events_produced / self.wall_seconds if self.wall_seconds > 0 else math.nan
+
+    def summary(self) -> dict[str, float | int | str]:
+        """A flat, JSON-ready digest (what ``straggler produce`` prints)."""
+        before = [v for v in self.jct_before.values() if math.isfinite(v)]
+        after = [v for v in self.jct_after.values() if math.isfinite(v)]
+        return {
+            "jobs": self.jobs,
+            "instants": self.instants,
+            "events_produced": self.events_produced,
+            "delivery_failures": self.delivery_failures,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "events_per_second": round(self.events_per_second, 1),
+            "commands_applied": self.commands_applied,
+            "commands_ignored": self.commands_ignored,
+            "commands_duplicate": self.commands_duplicate,
+            "undecodable": self.undecodable,
+            "relaunched_tasks": sum(o.relaunched for o in self.outcomes.values()),
+            "mean_jct_before": float(np.mean(before)) if before else math.nan,
+            "mean_jct_after": float(np.mean(after)) if after else math.nan,
+        }
+
+
+class _PipelineWatch:
+    """The closed loop's view of the pipeline's output: markers, the mitigator's progress, commands.
+
+    Both readers start at the topics' ends when the replay starts, so records of earlier runs on the
+    same topics are never mistaken for this run's. The mitigator's committed offsets are read with a
+    consumer that carries its group id but never subscribes, so it never joins (or disturbs) the group.
+    """
+
+    def __init__(self, bootstrap: str, topics: TopicNames, mitigator_group: str) -> None:
+        own_group = f"straggler-replayer-{uuid.uuid4().hex[:12]}"
+        self.topics = topics
+        self.predictions = Consumer(dict(consumer_config(bootstrap, own_group)))
+        self.commands = Consumer({**consumer_config(bootstrap, own_group), "enable.partition.eof": True})
+        self.offsets = Consumer(dict(consumer_config(bootstrap, mitigator_group)))
+        self.prediction_partitions = self._assign_at_end(self.predictions, topics.predictions)
+        self.command_partitions = self._assign_at_end(self.commands, topics.commands)
+        self.markers: dict[tuple[str, float], tuple[int, int]] = {}
+        self.command_eof: dict[int, int] = {}
+        self.undecodable = 0
+
+    @staticmethod
+    def _assign_at_end(consumer: Consumer, topic: str) -> list[int]:
+        metadata = consumer.list_topics(topic, timeout=FLUSH_TIMEOUT_SECONDS)
+        described = metadata.topics.get(topic)
+        if described is None or described.error is not None or not described.partitions:
+            raise RuntimeError(f"topic {topic!r} does not exist (create the topics first)")
+        partitions = sorted(described.partitions)
+        assignment = []
+        for p in partitions:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=FLUSH_TIMEOUT_SECONDS, cached=False
+            )
+            assignment.append(TopicPartition(topic, p, high))
+        consumer.assign(assignment)
+        return partitions
+
+    def _decode(self, message: Message) -> Event | None:
+        try:
+            return decode(message.value())
+        except SchemaError:
+            self.undecodable += 1
+            return None
+
+    def _read_markers(self) -> None:
+        for message in self.predictions.consume(num_messages=1000, timeout=POLL_SECONDS):
+            if message.error() is not None:
+                continue
+            event = self._decode(message)
+            if isinstance(event, CheckpointEvaluated):
+                partition, offset = message.partition(), message.offset()
+                if partition is not None and offset is not None:
+                    self.markers[(event.job_id, event.checkpoint_time)] = (partition, offset)
+
+    def wait_evaluated(self, t: float, jobs: Sequence[str], timeout: float) -> None:
+        """Return once every job's marker for ``t`` is read and the mitigator has committed past it."""
+        waiting = set(jobs)
+        deadline = time.monotonic() + timeout
+        while True:
+            self._read_markers()
+            marked = {job: self.markers[(job, t)] for job in waiting if (job, t) in self.markers}
+            if marked:
+                partitions = sorted({p for p, _ in marked.values()})
+                committed = self.offsets.committed(
+                    [TopicPartition(self.topics.predictions, p) for p in partitions],
+                    timeout=FLUSH_TIMEOUT_SECONDS,
+                )
+                position = {tp.partition: tp.offset for tp in committed if tp.error is None}
+                for job, (p, offset) in marked.items():
+                    if position.get(p, -1) > offset:
+                        waiting.discard(job)
+                        del self.markers[(job, t)]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                why = {
+                    job: (
+                        "mitigation consumer has not committed past the checkpoint_evaluated marker"
+                        if (job, t) in self.markers
+                        else "no checkpoint_evaluated marker from the agent"
+                    )
+                    for job in waiting
+                }
+                raise ReplayStalled(t, why, timeout)
+
+    def read_commands(self, t: float, timeout: float) -> list[RelaunchCommand]:
+        """Every committed command up to the end of the commands topic as it stands now."""
+        ends = {
+            p: self.commands.get_watermark_offsets(
+                TopicPartition(self.topics.commands, p), timeout=FLUSH_TIMEOUT_SECONDS, cached=False
+            )[1]
+            for p in self.command_partitions
+        }
+        found: list[RelaunchCommand] = []
+        deadline = time.monotonic() + timeout
+        while any(self.command_eof.get(p, -1) < end for p, end in ends.items()):
+            if time.monotonic() > deadline:
+                behind = sorted(p for p, end in ends.items() if self.command_eof.get(p, -1) < end)
+                raise ReplayStalled(
+                    t, {f"{self.topics.commands}[{p}]": "not readable to its end" for p in behind}, timeout
+                )
+            for message in self.commands.consume(num_messages=1000, timeout=POLL_SECONDS):
+                error = message.error()
+                partition, offset = message.partition(), message.offset()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF and partition is not None:
+                        self.command_eof[partition] = offset if offset is not None else -1
+                    continue
+                event = self._decode(message)
+                if isinstance(event, RelaunchCommand):
+                    found.append(event)
+        return found
+
+    def close(self) -> None:
+        for consumer in (self.predictions, self.commands, self.offsets):
+            consumer.close()
+
+
+class TraceReplayer:
+    """Publishes jobs' checkpoints in global time order; see the module docstring and
+    docs/stream-protocol.md.
+
+    ``speed``: 0 replays as fast as the broker takes it; ``s > 0`` waits ``(T - previous T) / s``
+    seconds of wall time between instants, at most `MAX_SLEEP_SECONDS`. ``seed`` selects the relaunch
+    draws (use the evaluator's seed to compare with it). ``checkpoint_seconds`` is the grid used to add
+    checkpoints when a command makes a job outlast its own; by default the smallest spacing of the
+    traces' checkpoints.
+    """
+
+    def __init__(
+        self,
+        traces: Sequence[JobTrace],
+        bootstrap: str,
+        *,
+        topics: TopicNames = TopicNames(),  # noqa: B008 - a frozen dataclass, safe as a default
+        speed: float = 0.0,
+        closed_loop: bool = False,
+        seed: int = 0,
+        mitigator_group: str = "straggler-mitigation",
+        wait_timeout: float = 120.0,
+        progress: bool = True,
+        checkpoint_seconds: float | None = None,
+    ) -> None:
+        if speed < 0 or not math.isfinite(speed):
+            raise ValueError(f"speed must be 0 (as fast as possible) or positive, got {speed}")
+        if wait_timeout <= 0:
+            raise ValueError(f"wait_timeout must be positive, got {wait_timeout}")
+        ids = [trace.job_id for trace in traces]
+        if len(set(ids)) != len(ids):
+            raise ValueError("job ids must be unique: they are the record keys")
+        self.traces = list(traces)
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.speed = speed
+        self.closed_loop = closed_loop
+        self.seed = seed
+        self.mitigator_group = mitigator_group
+        self.wait_timeout = wait_timeout
+        self.progress = progress
+        self.interval = checkpoint_seconds or _smallest_spacing(self.traces)
+        if closed_loop and self.interval is None:
+            raise ValueError("closed loop needs checkpoint_seconds: no trace has two checkpoints")
+
+    def run(self) -> ReplayResult:
+        wall_start = time.monotonic()
+        deliveries = DeliveryCounter()
+        producer = Producer(replay_producer_config(self.bootstrap))
+        sims = [JobSimulation(trace, self.seed) for trace in self.traces]
+        watch = (
+            _PipelineWatch(self.bootstrap, self.topics, self.mitigator_group) if self.closed_loop else None
+        )
+        result = ReplayResult(0, 0, len(self.traces), 0, 0.0)
+        schedule: dict[float, list[int]] = {}
+        for j, trace in enumerate(self.traces):
+            for t in trace.checkpoints:
+                schedule.setdefault(float(t), []).append(j)
+        heap = list(schedule)
+        heapq.heapify(heap)
+        open_steps: list[Iterator[CheckpointStep]] = [trace.checkpoint_events() for trace in self.traces]
+        next_k = [0] * len(self.traces)
+        pending_commands: list[RelaunchCommand] = []
+        seen_commands: set[str] = set()
+        bar = tqdm(total=len(heap), unit="instant", disable=not self.progress, desc="replay")
+        previous: float | None = None
+        paced_at = time.monotonic()
+
+        def send(topic: str, job_id: str, event: Event) -> None:
+            payload = encode(event)
+            while True:
+                try:
+                    producer.produce(topic, payload, job_id.encode(), on_delivery=deliveries)
+                    break
+                except BufferError:  # local queue full: let deliveries drain it
+                    producer.poll(0.1)
+            result.events_produced += 1
+            if result.events_produced % 1000 == 0:
+                producer.poll(0)
+
+        try:
+            while heap:
+                t = heapq.heappop(heap)
+                active = schedule.pop(t)
+                if previous is not None and self.speed > 0:
+                    due = paced_at + min((t - previous) / self.speed, MAX_SLEEP_SECONDS)
+                    time.sleep(max(0.0, due - time.monotonic()))
+                paced_at, previous = time.monotonic(), t
+                starting = [j for j in active if next_k[j] == 0]
+                for j in starting:
+                    trace = self.traces[j]
+                    send(self.topics.job_events, trace.job_id, _started(trace))
+                if starting:
+                    _flush(producer)  # a job's start is on the broker before its first task event
+                for j in active:
+                    k = next_k[j]
+                    step = sims[j].step(k, t) if self.closed_loop else next(open_steps[j])
+                    next_k[j] += 1
+                    self._publish_checkpoint(sims[j], step, send, result)
+                    if not self.closed_loop and k == len(self.traces[j].checkpoints) - 1:
+                        send(self.topics.job_events, self.traces[j].job_id, _ended(self.traces[j], t))
+                if watch is not None:
+                    _flush(producer)
+                    if deliveries.errors:
+                        raise DeliveryError(deliveries.errors)
+                    jobs = [self.traces[j].job_id for j in active]
+                    watch.wait_evaluated(t, jobs, self.wait_timeout)
+                    pending_commands += watch.read_commands(t, self.wait_timeout)
+                    pending_commands = self._apply_commands(pending_commands, seen_commands, sims, t, result)
+                    for j in active:
+                        added = sims[j].extend(t, self.interval or 1.0)
+                        for c in added:
+                            if c not in schedule:
+                                schedule[c] = []
+                                heapq.heappush(heap, c)
+                                bar.total += 1
+                            insort(schedule[c], j)
+                        if not added and sims[j].checkpoints[-1] == t:
+                            send(self.topics.job_events, self.traces[j].job_id, _ended(self.traces[j], t))
+                result.instants += 1
+                bar.update()
+            _flush(producer)
+        finally:
+            bar.close()
+            if watch is not None:
+                result.undecodable = watch.undecodable
+                watch.close()
+        result.delivery_failures = deliveries.failed
+        result.delivery_errors = [str(error) for error in deliveries.errors]
+        result.outcomes = {sim.trace.job_id: _outcome(sim.trace, sim) for sim in sims}
+        result.wall_seconds = time.monotonic() - wall_start
+        return result
+
+    def _publish_checkpoint(
+        self,
+        sim: JobSimulation,
+        step: CheckpointStep,
+        send: SendEvent,
+        result: ReplayResult,
+    ) -> None:
+        """One job's events for one checkpoint: finishes, kills, running tasks, then the boundary."""
+        k, t, finished, gone, running, features = step
+        trace = sim.trace
+        names = trace.feature_names
+        source = str(trace.meta.get("source", PRODUCER_SOURCE))
+        topic = self.topics.checkpoints
+        for i in finished[np.argsort(sim.end[finished], kind="stable")].tolist():
+            event = TaskCheckpoint(
+                job_id=trace.job_id,
+                task_id=trace.task_ids[i],
+                attempt=int(sim.attempt[i]),
+                checkpoint_time=float(sim.end[i]),
+                status="finished",
+                machine_id=trace.machine_ids[i],
+                features=feature_map(names, sim.finish_features(i)),
+                latency=float(sim.end[i] - sim.start[i]),
+                start_time=_finite_or_none(sim.start[i]),
+                source=source,
+            )
+            send(topic, trace.job_id, event)
+        for i in gone[np.argsort(sim.end[gone], kind="stable")].tolist():
+            event = TaskCheckpoint(
+                job_id=trace.job_id,
+                task_id=trace.task_ids[i],
+                attempt=int(sim.attempt[i]),
+                checkpoint_time=float(sim.end[i]),
+                status="killed",
+                machine_id=trace.machine_ids[i],
+                features={},
+                start_time=_finite_or_none(sim.start[i]),
+                source=source,
+            )
+            send(topic, trace.job_id, event)
+        for i, row in zip(running.tolist(), features, strict=True):
+            event = TaskCheckpoint(
+                job_id=trace.job_id,
+                task_id=trace.task_ids[i],
+                attempt=int(sim.attempt[i]),
+                checkpoint_time=t,
+                status="running",
+                machine_id=trace.machine_ids[i],
+                features=feature_map(names, row),
+                start_time=float(sim.start[i]),
+                source=source,
+            )
+            send(topic, trace.job_id, event)
+        produced_at = time.time()
+        boundary = CheckpointBoundary(
+            job_id=trace.job_id, checkpoint_time=t, checkpoint_index=k, produced_at=produced_at
+        )
+        send(topic, trace.job_id, boundary)
+        result.boundary_produced_at[(trace.job_id, t)] = produced_at
+
+    def _apply_commands(
+        self,
+        commands: list[RelaunchCommand],
+        seen: set[str],
+        sims: Sequence[JobSimulation],
+        t: float,
+        result: ReplayResult,
+    ) -> list[RelaunchCommand]:
+        """Apply the commands due at ``t`` (in the order read); return those for later instants."""
+        by_job = {sim.trace.job_id: sim for sim in sims}
+        later: list[RelaunchCommand] = []
+        for command in commands:
+            if command.checkpoint_time > t:
+                later.append(command)
+                continue
+            if command.command_id in seen:
+                result.commands_duplicate += 1
+                continue
+            seen.add(command.command_id)
+            sim = by_job.get(command.job_id)
+            reason = "unknown job" if sim is None else sim.apply(command, t)
+            if reason is None:
+                result.commands_applied += 1
+            else:
+                result.commands_ignored += 1
+                result.ignored_reasons[reason] = result.ignored_reasons.get(reason, 0) + 1
+        return later
+
+
+def _smallest_spacing(traces: Sequence[JobTrace]) -> float | None:
+    spacings = [float(np.diff(trace.checkpoints).min()) for trace in traces if len(trace.checkpoints) > 1]
+    positive = [s for s in spacings if s > 0]
+    return min(positive) if positive else None
+
+
+def _started(trace: JobTrace) -> JobEvent:
+    starts = trace.start[np.isfinite(trace.start)]
+    first = float(starts.min()) if len(starts) else float(trace.checkpoints[0])
+    return JobEvent(job_id=trace.job_id, event="started", time=first, expected_tasks=trace.expected_tasks)
+
+
+def _ended(trace: JobTrace, t: float) -> JobEvent:
+    return JobEvent(job_id=trace.job_id, event="ended", time=t)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def _flush(producer: Producer) -> None:
+    remaining = producer.flush(FLUSH_TIMEOUT_SECONDS)
+    if remaining:
+        raise RuntimeError(f"{remaining} record(s) still undelivered after {FLUSH_TIMEOUT_SECONDS:g} s")
+
+
+def _outcome(trace: JobTrace, sim: JobSimulation) -> JobOutcome:
+    scored = trace.scored
+    return JobOutcome(
+        job_id=trace.job_id,
+        task_ids=[task for task, ok in zip(trace.task_ids, scored.tolist(), strict=True) if ok],
+        start_before=trace.start[scored],
+        end_before=trace.end[scored],
+        start_after=sim.start[scored],
+        end_after=sim.end[scored],
+        attempts=sim.attempt[scored],
+    )

@@ -1,0 +1,186 @@
+"""Live telemetry SDK: how a running cluster (not a trace) feeds the straggler pipeline.
+
+A scheduler or monitoring agent announces a job, reports its tasks' features while they run and their
+latency when they finish, then ends the job::
+
+    from producers.telemetry import TelemetryProducer
+
+    with TelemetryProducer("127.0.0.1:9092") as telemetry:
+        telemetry.start_job("job-42", expected_tasks=200)
+        telemetry.report("job-42", "task-7", {"cpu_usage": 0.8, "memory_usage": 0.3}, start_time=t0)
+        ...
+        telemetry.report("job-42", "task-7", {"cpu_usage": 0.7}, status="finished", latency=131.5)
+        telemetry.end_job("job-42")
+
+Every event is validated against its JSON Schema before it is sent: a bad report raises
+`schemas.SchemaError` naming the field and the broken rule, and nothing reaches the broker. Records are
+keyed by job id with the murmur2 partitioner, like the trace replayer, so a job's events stay in order on
+one partition. Live jobs send no checkpoint boundaries: the agent evaluates them on a timer.
+
+Delivery is asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises
+`straggler.kafka.config.DeliveryError` carrying every failed delivery, so no failure goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from numbers import Integral, Real
+from types import TracebackType
+from typing import Any, Self
+
+from confluent_kafka import Producer
+
+from schemas import Event, JobEvent, TaskCheckpoint, encode
+from schemas.events import TaskStatus
+from straggler.kafka.config import DeliveryCounter, DeliveryError, producer_config
+from straggler.kafka.names import TopicNames
+
+DEFAULT_FLUSH_SECONDS = 30.0
+
+
+class TelemetryProducer:
+    """Publishes live jobs' task checkpoints and job events; use it as a context manager.
+
+    ``source`` is written into every task checkpoint, so consumers can tell producers apart.
+    Times (``at``, ``start_time``) are seconds on one clock shared by the whole cluster; by default
+    ``time.time()``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        topics: TopicNames = TopicNames(),  # noqa: B008 - a frozen dataclass, safe as a default
+        source: str = "sdk",
+    ) -> None:
+        config = dict(producer_config(bootstrap))
+        config.setdefault("partitioner", "murmur2_random")
+        self.topics = topics
+        self.source = source
+        self._producer = Producer(config)
+        self._deliveries = DeliveryCounter()
+        self._errors_raised = 0
+        self._closed = False
+
+    def start_job(self, job_id: str, expected_tasks: int, *, at: float | None = None) -> None:
+        """Announce a job and how many tasks it will run (the agent's 4 % start rule counts on it).
+
+        Waits until the announcement is delivered, so it is on the broker before any of the job's
+        task reports (they go to another topic, with no ordering between topics otherwise).
+        """
+        event = JobEvent(
+            job_id=job_id, event="started", time=_now(at), expected_tasks=_int_or_value(expected_tasks)
+        )
+        self._send(self.topics.job_events, job_id, event)
+        self.flush()
+
+    def report(
+        self,
+        job_id: str,
+        task_id: str,
+        features: Mapping[str, float],
+        status: TaskStatus = "running",
+        *,
+        attempt: int = 0,
+        machine_id: str = "",
+        latency: float | None = None,
+        start_time: float | None = None,
+        at: float | None = None,
+    ) -> None:
+        """Report one task's state: its features now (``running``), or how it ended.
+
+        ``features`` must hold finite numbers observed before ``at``; leave out what is unknown rather
+        than sending NaN. A ``finished`` report needs ``latency`` (seconds from start to finish, >= 0);
+        other statuses must not carry one. ``attempt`` counts the task's runs from 0, so a relaunched
+        copy is attempt 1. Raises `schemas.SchemaError` (and sends nothing) for an invalid report.
+        """
+        event = TaskCheckpoint(
+            job_id=job_id,
+            task_id=task_id,
+            attempt=_int_or_value(attempt),
+            checkpoint_time=_now(at),
+            status=status,
+            machine_id=machine_id,
+            features={name: _number_or_value(value) for name, value in features.items()},
+            latency=None if latency is None else _number_or_value(latency),
+            start_time=None if start_time is None else _number_or_value(start_time),
+            source=self.source,
+        )
+        self._send(self.topics.checkpoints, job_id, event)
+
+    def end_job(self, job_id: str, *, at: float | None = None) -> None:
+        """Tell the pipeline the job is over, so its state can be dropped."""
+        self._send(self.topics.job_events, job_id, JobEvent(job_id=job_id, event="ended", time=_now(at)))
+
+    def flush(self, timeout: float = DEFAULT_FLUSH_SECONDS) -> int:
+        """Wait up to ``timeout`` seconds for every report to be delivered; return how many are still
+        pending (0 when all are delivered). Raises `DeliveryError` with the errors of every delivery
+        that failed since the last flush."""
+        remaining = self._producer.flush(timeout)
+        errors = self._deliveries.errors[self._errors_raised :]
+        if errors:
+            self._errors_raised += len(errors)
+            raise DeliveryError(errors)
+        return remaining
+
+    @property
+    def delivered(self) -> int:
+        """Records the broker has acknowledged so far."""
+        return self._deliveries.delivered
+
+    def close(self, timeout: float = DEFAULT_FLUSH_SECONDS) -> None:
+        """Flush (raising on failed or undelivered records); the producer cannot be used afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        remaining = self.flush(timeout)
+        if remaining:
+            raise RuntimeError(f"{remaining} telemetry record(s) still undelivered after {timeout:g} s")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):  # deliver what was reported; keep the block's own error
+            self.close()
+
+    def _send(self, topic: str, job_id: str, event: Event) -> None:
+        if self._closed:
+            raise RuntimeError("TelemetryProducer is closed")
+        payload = encode(event)  # validates: raises SchemaError before anything is queued
+        while True:
+            try:
+                self._producer.produce(topic, payload, job_id.encode(), on_delivery=self._deliveries)
+                break
+            except BufferError:  # local queue full: serve deliveries to make room
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+
+def _now(at: float | None) -> float:
+    return time.time() if at is None else _number_or_value(at)
+
+
+def _number_or_value(value: Any) -> Any:
+    """Plain ``float`` for any real number (NumPy scalars included); anything else is left for the
+    schema to reject with a message naming the field."""
+    if isinstance(value, Real) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _int_or_value(value: Any) -> Any:
+    """Plain ``int`` for integral NumPy or Python integers; anything else is left for the schema."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return int(value)
+    return value

@@ -1,0 +1,247 @@
+"""The events of the pipeline as Python values, one frozen dataclass per JSON Schema in this package.
+
+Field names are exactly the schema's property names (a test keeps them from drifting), so
+``to_dict`` and ``from_dict`` are plain renames-free copies and the codec never deep-copies.
+``from_dict`` trusts its input: `schemas.codec.decode` validates before it builds an event.
+
+Optional fields hold ``None`` when absent; ``to_dict`` leaves them out, which the schemas accept as
+"absent or null". Fields the schema requires but allows to be null (a prediction's latencies for
+methods without them) are always written, as ``null``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal, Self, get_type_hints
+
+SCHEMA_VERSION = 1
+"""Version every event is written with today (the only one `schemas.codec` knows)."""
+
+TaskStatus = Literal["running", "finished", "failed", "killed"]
+JobEventKind = Literal["started", "ended"]
+Action = Literal["relaunch", "duplicate", "kill"]
+
+
+class _EventBase:
+    """Shared ``to_dict``/``from_dict`` over the field tables that `_register` fills in."""
+
+    __slots__ = ()
+
+    EVENT_TYPE: ClassVar[str]
+    """The ``type`` discriminator; a class attribute because slots hide field defaults."""
+    _FIELDS: ClassVar[tuple[str, ...]] = ()
+    _OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset()
+    _INT_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a JSON-ready dict; nested values (``features``) are shared, not copied."""
+        out: dict[str, Any] = {}
+        for name in self._FIELDS:
+            value = getattr(self, name)
+            if value is None and name in self._OMIT_IF_NONE:
+                continue
+            out[name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Build the event from an already validated dict (see `schemas.codec.decode`).
+
+        JSON Schema counts ``3.0`` as an integer, so integral floats in integer fields are turned back
+        into ``int`` here; nothing else is converted or copied.
+        """
+        for name in cls._INT_FIELDS:
+            value = data.get(name)
+            if isinstance(value, float):
+                data = {**data, name: int(value)}
+        factory: Callable[..., Self] = cls
+        return factory(**data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskCheckpoint(_EventBase):
+    """One task's state at one checkpoint; ``latency`` only once it has finished."""
+
+    EVENT_TYPE: ClassVar[str] = "task_checkpoint"
+
+    type: Literal["task_checkpoint"] = "task_checkpoint"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    task_id: str
+    attempt: int
+    checkpoint_time: float
+    status: TaskStatus
+    machine_id: str
+    features: dict[str, float]
+    latency: float | None = None
+    start_time: float | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEvent(_EventBase):
+    """A job started (announcing its task count) or ended."""
+
+    EVENT_TYPE: ClassVar[str] = "job_event"
+
+    type: Literal["job_event"] = "job_event"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    event: JobEventKind
+    time: float
+    expected_tasks: int | None = None
+    feature_names: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointBoundary(_EventBase):
+    """All of a job's events for ``checkpoint_index`` have been sent before this one."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint_boundary"
+
+    type: Literal["checkpoint_boundary"] = "checkpoint_boundary"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    checkpoint_time: float
+    checkpoint_index: int
+    produced_at: float
+    origin: Literal["producer", "timer"] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointEvaluated(_EventBase):
+    """The agent has sent every prediction of this checkpoint of this job (a marker, not a verdict)."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint_evaluated"
+
+    type: Literal["checkpoint_evaluated"] = "checkpoint_evaluated"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    checkpoint_time: float
+    evaluated: int
+    flagged: int
+    model_version: int
+    boundary_produced_at: float | None
+    produced_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction(_EventBase):
+    """A method's verdict on one running task; latencies, propensity and weight may be ``None``."""
+
+    EVENT_TYPE: ClassVar[str] = "prediction"
+
+    type: Literal["prediction"] = "prediction"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    task_id: str
+    checkpoint_time: float
+    raw_latency: float | None
+    adjusted_latency: float | None
+    propensity: float | None
+    weight: float | None
+    threshold: float
+    is_straggler: bool
+    method: str
+    model_version: int
+    elapsed: float
+    produced_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelaunchCommand(_EventBase):
+    """An order to mitigate one task; build ``command_id`` with `command_id`."""
+
+    EVENT_TYPE: ClassVar[str] = "relaunch_command"
+
+    type: Literal["relaunch_command"] = "relaunch_command"
+    schema_version: int = SCHEMA_VERSION
+    command_id: str
+    job_id: str
+    task_id: str
+    action: Action
+    reason: str
+    policy: str
+    issued_at: float
+    checkpoint_time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter(_EventBase):
+    """A record that could not be processed; build it with `schemas.codec.dead_letter_for`."""
+
+    EVENT_TYPE: ClassVar[str] = "dead_letter"
+
+    type: Literal["dead_letter"] = "dead_letter"
+    schema_version: int = SCHEMA_VERSION
+    raw_payload: str
+    truncated: bool
+    raw_size: int
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    error: str
+    failed_at: float
+
+
+Event = (
+    TaskCheckpoint
+    | JobEvent
+    | CheckpointBoundary
+    | CheckpointEvaluated
+    | Prediction
+    | RelaunchCommand
+    | DeadLetter
+)
+
+EVENT_CLASSES: dict[str, type[Event]] = {
+    cls.EVENT_TYPE: cls
+    for cls in (
+        TaskCheckpoint,
+        JobEvent,
+        CheckpointBoundary,
+        CheckpointEvaluated,
+        Prediction,
+        RelaunchCommand,
+        DeadLetter,
+    )
+}
+"""Event class by ``type`` discriminator."""
+
+
+def _register(cls: type[_EventBase]) -> None:
+    """Fill the per-class field tables ``to_dict``/``from_dict`` walk (computed once, not per call)."""
+    table = fields(cls)  # type: ignore[arg-type]
+    hints = get_type_hints(cls)
+    cls._FIELDS = tuple(f.name for f in table)
+    # Fields with a None default are the schema's optional ones; required-but-nullable have no default.
+    cls._OMIT_IF_NONE = frozenset(f.name for f in table if f.default is None)
+    cls._INT_FIELDS = tuple(f.name for f in table if hints[f.name] in (int, int | None))
+
+
+for _cls in EVENT_CLASSES.values():
+    _register(_cls)
+
+
+def command_id(job_id: str, task_id: str, action: str, decision_key: str | int | float) -> str:
+    """Deterministic id of a mitigation decision, so consumers can apply a command exactly once.
+
+    The id is the first 32 hex digits (128 bits) of the SHA-256 of the four fields, each written as
+    ``<length>:<text>`` so no choice of ids can make two different tuples collide by concatenation.
+    ``decision_key`` names the decision within the task, e.g. the checkpoint index; numbers are
+    written canonically (an integral float equals the int, other floats use ``repr``), so ``3`` and
+    ``3.0`` give the same id.
+    """
+    if isinstance(decision_key, bool):
+        raise TypeError("decision_key must be a str, int or float, not bool")
+    if isinstance(decision_key, float) and decision_key.is_integer():
+        decision_key = int(decision_key)
+    key_text = decision_key if isinstance(decision_key, str) else repr(decision_key)
+    digest = hashlib.sha256()
+    for part in (job_id, task_id, action, key_text):
+        encoded = part.encode("utf-8", "surrogatepass")
+        digest.update(f"{len(encoded)}:".encode())
+        digest.update(encoded)
+    return digest.hexdigest()[:32]

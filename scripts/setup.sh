@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install straggler-stream with its test tools. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+    echo "error: Python 3.11 or newer is required (found: $("$PYTHON" --version 2>&1 || echo none))." >&2
+    exit 1
+fi
+for tool in java mvn; do
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        echo "error: '$tool' is not on PATH. Install Java 17+ and Apache Maven (e.g. apt-get install openjdk-17-jre-headless maven)." >&2
+        exit 1
+    fi
+done
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".[test]"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi

@@ -1,0 +1,129 @@
+"""The contract every straggler predictor meets, NURD and baselines alike.
+
+A method sees one checkpoint of one job at a time (`CheckpointData`): finished tasks with their
+features and latencies, running tasks with their features and elapsed time, and the straggler
+threshold in force. It never sees a running task's latency. Following scikit-learn, parameters are
+stored as given in ``__init__`` (no work there) and learned state ends with ``_``.
+
+The job driver (`straggler.core.online.OnlineJob`) decides *when* to call ``fit`` (the refit rule)
+and calls ``calibrate`` once per job, at its first prediction checkpoint. The driver, not the
+method, enforces that a predicted latency is never below the task's elapsed time.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class CheckpointData:
+    """What a job shows at one checkpoint: the only input a method may learn from."""
+
+    X_finished: FloatArray
+    """(n_finished, d) features of finished tasks, as of their finish time."""
+    latency_finished: FloatArray
+    """(n_finished,) their latencies, seconds."""
+    X_running: FloatArray
+    """(n_running, d) latest features of the running tasks still under evaluation."""
+    elapsed_running: FloatArray
+    """(n_running,) how long each has run so far, seconds (a lower bound on its latency)."""
+    threshold: float
+    """Straggler threshold in force (oracle p90 or an online estimate), seconds."""
+    expected_tasks: int
+    """Task count announced at job start."""
+
+    @property
+    def n_finished(self) -> int:
+        return len(self.latency_finished)
+
+    @property
+    def n_running(self) -> int:
+        return len(self.elapsed_running)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A method's verdict on the running tasks of a checkpoint.
+
+    Latency methods fill ``latency`` (their raw prediction) and ``adjusted`` (what is compared with the
+    threshold); classifiers and detectors leave both NaN and set ``is_straggler`` directly.
+    ``propensity`` and ``weight`` are NURD's z and w (NaN for methods without them).
+    """
+
+    is_straggler: BoolArray
+    latency: FloatArray
+    adjusted: FloatArray
+    propensity: FloatArray
+    weight: FloatArray
+
+    @classmethod
+    def from_latency(
+        cls,
+        latency: FloatArray,
+        adjusted: FloatArray,
+        threshold: float,
+        propensity: FloatArray | None = None,
+        weight: FloatArray | None = None,
+    ) -> Scores:
+        n = len(latency)
+        nan = np.full(n, np.nan)
+        return cls(
+            is_straggler=np.asarray(adjusted >= threshold, dtype=bool),
+            latency=np.asarray(latency, dtype=np.float64),
+            adjusted=np.asarray(adjusted, dtype=np.float64),
+            propensity=nan if propensity is None else np.asarray(propensity, dtype=np.float64),
+            weight=nan if weight is None else np.asarray(weight, dtype=np.float64),
+        )
+
+    @classmethod
+    def from_labels(cls, is_straggler: BoolArray, score: FloatArray | None = None) -> Scores:
+        n = len(is_straggler)
+        nan = np.full(n, np.nan)
+        return cls(
+            is_straggler=np.asarray(is_straggler, dtype=bool),
+            latency=nan,
+            adjusted=nan,
+            propensity=nan if score is None else np.asarray(score, dtype=np.float64),
+            weight=nan,
+        )
+
+
+class StragglerMethod(ABC):
+    """Base class: scikit-learn conventions, one job's checkpoints at a time."""
+
+    #: name in the method registry and in reports
+    name: ClassVar[str] = ""
+    #: True for methods that predict a latency (the driver floors it at elapsed time)
+    predicts_latency: ClassVar[bool] = True
+    #: True for methods the paper grants true labels of a 2/3 sample of the job (Wrangler)
+    needs_granted_labels: ClassVar[bool] = False
+
+    def calibrate(self, data: CheckpointData) -> None:  # noqa: B027 - optional hook
+        """Called once per job, at its first prediction checkpoint, before the first ``fit``."""
+
+    def grant_labels(self, X: FloatArray, is_straggler: BoolArray) -> None:
+        """Receive true labels of a sample of the job (only for ``needs_granted_labels`` methods)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take granted labels")
+
+    @abstractmethod
+    def fit(self, data: CheckpointData) -> Self:
+        """Learn from a checkpoint (finished tasks, and running tasks' features but never their labels)."""
+
+    @abstractmethod
+    def predict(self, data: CheckpointData) -> Scores:
+        """Score ``data``'s running tasks with the state learned by the last ``fit``."""
+
+    def get_params(self) -> dict[str, Any]:
+        """Constructor parameters as given (scikit-learn convention), for reports and cloning."""
+        import inspect
+
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {n: getattr(self, n) for n in names}

@@ -1,0 +1,133 @@
+"""Algorithm 1's loop for one job: when to train, what to predict, what to flag.
+
+`OnlineJob` holds a job's `JobState` and one `StragglerMethod`. At each checkpoint it
+
+1. waits until ``start_fraction`` of the job's tasks have finished (the paper's 4 %);
+2. calibrates the method once, at the first prediction checkpoint;
+3. refits when the finished set has grown by ``refit_growth`` since the last fit (the refit rule:
+   with the default 0.25 a job of n tasks is refitted about log(n / (0.04 n)) / log(1.25) ~= 15
+   times, instead of at every checkpoint);
+4. scores the running tasks not yet flagged, floors every predicted latency at the task's elapsed
+   time (a running task cannot finish in the past), and flags those at or over the threshold; a
+   flagged task is not evaluated again.
+
+The threshold is either fixed (the oracle p90, for evaluation) or estimated online from the
+finished latencies and the running tasks' elapsed times (`straggler.core.threshold`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from straggler.core.jobstate import JobState
+from straggler.core.method import CheckpointData, FloatArray, StragglerMethod
+from straggler.core.threshold import online_threshold
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one running task at one checkpoint (one prediction event in the stream)."""
+
+    job_id: str
+    task_id: str
+    checkpoint_time: float
+    elapsed: float
+    raw_latency: float
+    adjusted_latency: float
+    propensity: float
+    weight: float
+    threshold: float
+    is_straggler: bool
+    model_version: int
+
+
+class OnlineJob:
+    """One job's online straggler prediction, fed one task event at a time."""
+
+    def __init__(
+        self,
+        job_id: str,
+        method: StragglerMethod,
+        n_features: int,
+        expected_tasks: int,
+        *,
+        threshold: float | None = None,
+        quantile: float = 0.9,
+        start_fraction: float = 0.04,
+        min_finished: int = 2,
+        refit_growth: float = 0.25,
+    ) -> None:
+        self.state = JobState(job_id, n_features, expected_tasks)
+        self.method = method
+        self.fixed_threshold = threshold
+        self.quantile = quantile
+        self.start_fraction = start_fraction
+        self.min_finished = min_finished
+        self.refit_growth = refit_growth
+        self.model_version = 0
+        self.fitted_on = 0
+        self.calibrated = False
+
+    @property
+    def job_id(self) -> str:
+        return self.state.job_id
+
+    def ready(self) -> bool:
+        """Has the job finished enough tasks to start predicting?"""
+        needed = max(self.min_finished, math.ceil(self.start_fraction * self.state.expected_tasks))
+        return self.state.n_finished >= needed
+
+    def threshold_at(self, finished_latency: FloatArray, at: float) -> float:
+        if self.fixed_threshold is not None:
+            return self.fixed_threshold
+        _, _, elapsed_all = self.state.running(at, unflagged_only=False)
+        return online_threshold(finished_latency, elapsed_all, self.quantile).value
+
+    def checkpoint(self, at: float) -> list[Decision]:
+        """Evaluate the job at checkpoint time ``at``; returns one decision per evaluated task."""
+        if not self.ready():
+            return []
+        _, X_fin, y_fin = self.state.finished()
+        ids, X_run, elapsed = self.state.running(at)
+        threshold = self.threshold_at(y_fin, at)
+        if not ids or not math.isfinite(threshold):
+            return []
+        data = CheckpointData(X_fin, y_fin, X_run, elapsed, threshold, self.state.expected_tasks)
+        if not self.calibrated:
+            self.method.calibrate(data)
+            self.calibrated = True
+        if self.model_version == 0 or len(y_fin) >= self.fitted_on * (1.0 + self.refit_growth):
+            self.method.fit(data)
+            self.model_version += 1
+            self.fitted_on = len(y_fin)
+        scores = self.method.predict(data)
+        if self.method.predicts_latency:
+            adjusted = np.maximum(scores.adjusted, elapsed)
+            straggles = adjusted >= threshold
+        else:
+            adjusted = scores.adjusted
+            straggles = scores.is_straggler | (elapsed >= threshold)
+        decisions = []
+        for i, task_id in enumerate(ids):
+            flagged = bool(straggles[i])
+            if flagged:
+                self.state.flag(task_id, at)
+            decisions.append(
+                Decision(
+                    job_id=self.job_id,
+                    task_id=task_id,
+                    checkpoint_time=at,
+                    elapsed=float(elapsed[i]),
+                    raw_latency=float(scores.latency[i]),
+                    adjusted_latency=float(adjusted[i]),
+                    propensity=float(scores.propensity[i]),
+                    weight=float(scores.weight[i]),
+                    threshold=float(threshold),
+                    is_straggler=flagged,
+                    model_version=self.model_version,
+                )
+            )
+        return decisions

@@ -1,0 +1,173 @@
+"""Mitigation policies: from straggler verdicts to relaunch actions. Pure, event-driven, per job.
+
+The mitigation consumer and the offline completion-time simulation drive the same objects with the
+same three calls, so a policy cannot behave differently in the stream and in the evaluator:
+
+- ``on_checkpoint(job_id, at, decisions)``: the verdicts of one checkpoint of one job, in order;
+- ``on_task_finished(job_id, task_id, at, latency)``: a task (or a relaunched copy) finished;
+- ``on_job_ended(job_id)``: forget the job.
+
+``unlimited``   the paper's Algorithm 2: relaunch every predicted straggler at once.
+``limited:M``   Algorithm 3: M spare machines per job; a relaunched copy holds one until it finishes,
+                predicted stragglers wait in flag order and are served at later checkpoints while
+                they are still running.
+``mantri``      Mantri (OSDI'10, §4.2): kill and restart a task when its estimated remaining time
+                exceeds the expected time of a new copy plus one checkpoint interval (the time
+                before the next chance to act), at most 3 restarts per task. The new copy's expected
+                time is the median latency of the job's finished tasks; the remaining time is the
+                predictor's adjusted latency minus the elapsed time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from straggler.core.online import Decision
+
+ActionName = Literal["relaunch", "duplicate", "kill"]
+
+
+@dataclass(frozen=True)
+class Action:
+    """A command to the cluster scheduler (one relaunch-command event in the stream)."""
+
+    job_id: str
+    task_id: str
+    action: ActionName
+    at: float
+    reason: str
+    decision_key: float
+    """Checkpoint time of the verdict that caused it: with job, task and action, the command's identity."""
+
+
+class MitigationPolicy(ABC):
+    """Base class; subclasses keep per-job state keyed by job id."""
+
+    name: str = ""
+
+    @abstractmethod
+    def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
+        """Act on one checkpoint's verdicts for one job."""
+
+    def on_task_finished(self, job_id: str, task_id: str, at: float, latency: float) -> None:  # noqa: B027
+        """A task or a relaunched copy finished (frees machines, informs estimates)."""
+
+    def on_job_ended(self, job_id: str) -> None:  # noqa: B027
+        """The job is over: drop its state."""
+
+
+class Unlimited(MitigationPolicy):
+    """Algorithm 2: relaunch every predicted straggler immediately."""
+
+    name = "unlimited"
+
+    def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
+        return [
+            Action(job_id, d.task_id, "relaunch", at, "predicted straggler", d.checkpoint_time)
+            for d in decisions
+            if d.is_straggler
+        ]
+
+
+@dataclass
+class _Pool:
+    free: int
+    holding: set[str] = field(default_factory=set)
+    waiting: list[tuple[str, float]] = field(default_factory=list)
+    done: set[str] = field(default_factory=set)
+
+
+class Limited(MitigationPolicy):
+    """Algorithm 3: a pool of spare machines per job."""
+
+    def __init__(self, machines: int) -> None:
+        if machines < 1:
+            raise ValueError(f"limited policy needs at least one machine, got {machines}")
+        self.machines = machines
+        self.name = f"limited:{machines}"
+        self._pools: dict[str, _Pool] = {}
+
+    def _pool(self, job_id: str) -> _Pool:
+        return self._pools.setdefault(job_id, _Pool(self.machines))
+
+    def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
+        pool = self._pool(job_id)
+        pool.waiting.extend((d.task_id, d.checkpoint_time) for d in decisions if d.is_straggler)
+        actions = []
+        still_waiting = []
+        for task_id, flagged_at in pool.waiting:
+            if task_id in pool.done:
+                continue  # finished on its own while it waited
+            if pool.free > 0:
+                pool.free -= 1
+                pool.holding.add(task_id)
+                actions.append(Action(job_id, task_id, "relaunch", at, "predicted straggler", flagged_at))
+            else:
+                still_waiting.append((task_id, flagged_at))
+        pool.waiting = still_waiting
+        return actions
+
+    def on_task_finished(self, job_id: str, task_id: str, at: float, latency: float) -> None:
+        pool = self._pool(job_id)
+        pool.done.add(task_id)
+        if task_id in pool.holding:
+            pool.holding.discard(task_id)
+            pool.free += 1
+
+    def on_job_ended(self, job_id: str) -> None:
+        self._pools.pop(job_id, None)
+
+
+class Mantri(MitigationPolicy):
+    """Restart when the remaining time exceeds a new copy's expected time plus one interval."""
+
+    name = "mantri"
+
+    def __init__(self, checkpoint_interval: float, max_restarts: int = 3) -> None:
+        self.checkpoint_interval = checkpoint_interval
+        self.max_restarts = max_restarts
+        self._finished: dict[str, list[float]] = {}
+        self._restarts: dict[tuple[str, str], int] = {}
+
+    def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
+        finished = self._finished.get(job_id)
+        if not finished:
+            return []
+        new_copy = statistics.median(finished)
+        actions = []
+        for d in decisions:
+            remaining = d.adjusted_latency - d.elapsed
+            restarts = self._restarts.get((job_id, d.task_id), 0)
+            worth_it = math.isfinite(remaining) and remaining > new_copy + self.checkpoint_interval
+            if worth_it and restarts < self.max_restarts:
+                self._restarts[(job_id, d.task_id)] = restarts + 1
+                interval = self.checkpoint_interval
+                reason = f"remaining {remaining:.0f}s > new copy {new_copy:.0f}s + {interval:.0f}s"
+                actions.append(Action(job_id, d.task_id, "relaunch", at, reason, d.checkpoint_time))
+        return actions
+
+    def on_task_finished(self, job_id: str, task_id: str, at: float, latency: float) -> None:
+        self._finished.setdefault(job_id, []).append(latency)
+
+    def on_job_ended(self, job_id: str) -> None:
+        self._finished.pop(job_id, None)
+        self._restarts = {k: v for k, v in self._restarts.items() if k[0] != job_id}
+
+
+def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
+    """``unlimited``, ``limited:M`` or ``mantri``."""
+    if spec == "unlimited":
+        return Unlimited()
+    if spec == "mantri":
+        return Mantri(checkpoint_interval)
+    if spec.startswith("limited:"):
+        try:
+            return Limited(int(spec.split(":", 1)[1]))
+        except ValueError as error:
+            raise ValueError(f"policy {spec!r}: expected limited:M with an integer M") from error
+    raise ValueError(f"unknown policy {spec!r}; use unlimited, limited:M or mantri")

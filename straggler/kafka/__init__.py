@@ -1,0 +1,1 @@
+"""Embedded Apache Kafka, topic declarations and client configurations."""

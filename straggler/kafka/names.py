@@ -1,0 +1,44 @@
+"""The pipeline's topic names under one optional prefix, passed to every component.
+
+A prefix lets several replays or tests share one broker without seeing each other's events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from straggler.kafka.topics import (
+    DEAD_LETTERS,
+    JOB_EVENTS,
+    RELAUNCH_COMMANDS,
+    STRAGGLER_PREDICTIONS,
+    TASK_CHECKPOINTS,
+)
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    prefix: str = ""
+
+    @property
+    def checkpoints(self) -> str:
+        return self.prefix + TASK_CHECKPOINTS
+
+    @property
+    def job_events(self) -> str:
+        return self.prefix + JOB_EVENTS
+
+    @property
+    def predictions(self) -> str:
+        return self.prefix + STRAGGLER_PREDICTIONS
+
+    @property
+    def commands(self) -> str:
+        return self.prefix + RELAUNCH_COMMANDS
+
+    @property
+    def dead_letters(self) -> str:
+        return self.prefix + DEAD_LETTERS
+
+    def all(self) -> tuple[str, ...]:
+        return (self.checkpoints, self.job_events, self.predictions, self.commands, self.dead_letters)

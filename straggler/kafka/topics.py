@@ -1,0 +1,141 @@
+"""The pipeline's topics, declared once with partitions, replication, retention and cleanup policy.
+
+Why explicit: the broker runs with ``auto.create.topics.enable=false``, so a typo in a topic name fails
+loudly instead of silently creating a one-partition topic, and the partition count (the unit of
+parallelism and of per-key ordering) is decided here rather than by whichever client wrote first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from straggler.kafka.config import admin_config
+
+TASK_CHECKPOINTS = "task-checkpoints"
+JOB_EVENTS = "job-events"
+STRAGGLER_PREDICTIONS = "straggler-predictions"
+RELAUNCH_COMMANDS = "relaunch-commands"
+DEAD_LETTERS = "dead-letters"
+
+DEFAULT_PARTITIONS = 8
+DEFAULT_REPLICATION = 1
+_DAY_MS = 24 * 60 * 60 * 1000
+ADMIN_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic as the pipeline needs it to be."""
+
+    name: str
+    partitions: int
+    replication: int
+    retention_ms: int
+    cleanup_policy: str
+    key: str
+    """What the record key is: records with one key land in one partition, in order."""
+    description: str
+
+    def configs(self) -> dict[str, str]:
+        """Topic-level configs, as CreateTopics and DescribeConfigs spell them."""
+        return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms)}
+
+    def new_topic(self) -> NewTopic:
+        return NewTopic(
+            self.name,
+            num_partitions=self.partitions,
+            replication_factor=self.replication,
+            config=self.configs(),
+        )
+
+
+def topic_specs(
+    partitions: int = DEFAULT_PARTITIONS, replication: int = DEFAULT_REPLICATION, prefix: str = ""
+) -> tuple[TopicSpec, ...]:
+    """Every topic of the pipeline. ``prefix`` namespaces them (one environment or test per prefix)."""
+    if partitions < 1 or replication < 1:
+        raise ValueError(f"partitions and replication must be >= 1, got {partitions} and {replication}")
+    week = 7 * _DAY_MS
+
+    def spec(name: str, retention_ms: int, key: str, description: str) -> TopicSpec:
+        return TopicSpec(prefix + name, partitions, replication, retention_ms, "delete", key, description)
+
+    return (
+        spec(TASK_CHECKPOINTS, week, "job id", "features of a job's running tasks at each checkpoint"),
+        spec(JOB_EVENTS, week, "job id", "task schedule/finish events as the trace replays them"),
+        spec(STRAGGLER_PREDICTIONS, week, "job id", "per-task straggler predictions at each checkpoint"),
+        spec(RELAUNCH_COMMANDS, week, "job id", "relaunch decisions for predicted stragglers"),
+        spec(DEAD_LETTERS, 30 * _DAY_MS, "source topic key", "records no stage could process, kept longer"),
+    )
+
+
+def create_topics(
+    bootstrap: str,
+    partitions: int = DEFAULT_PARTITIONS,
+    replication: int = DEFAULT_REPLICATION,
+    *,
+    prefix: str = "",
+) -> list[str]:
+    """Create the topics that do not exist yet; return the names created (empty when all existed).
+
+    An existing topic is left as it is (TOPIC_ALREADY_EXISTS is expected); any other error is raised.
+    """
+    admin = AdminClient(admin_config(bootstrap))
+    specs = topic_specs(partitions, replication, prefix)
+    futures = admin.create_topics(
+        [spec.new_topic() for spec in specs],
+        operation_timeout=ADMIN_TIMEOUT_S,
+        request_timeout=ADMIN_TIMEOUT_S,
+    )
+    created: list[str] = []
+    for spec in specs:
+        try:
+            futures[spec.name].result()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise
+        created.append(spec.name)
+    return created
+
+
+def partition_count(bootstrap: str, topic: str) -> int:
+    """How many partitions ``topic`` has on the broker (KeyError if it does not exist)."""
+    admin = AdminClient(admin_config(bootstrap))
+    metadata = admin.list_topics(topic=topic, timeout=ADMIN_TIMEOUT_S)
+    described = metadata.topics.get(topic)
+    if described is None or described.error is not None:
+        raise KeyError(f"topic {topic!r} does not exist on {bootstrap}")
+    return len(described.partitions)
+
+
+def verify_partitions(bootstrap: str, specs: Sequence[TopicSpec]) -> list[str]:
+    """Mismatches between the declared and the actual partition counts (empty when all agree).
+
+    Why: ``create_topics`` tolerates an existing topic, which may have been made with another count;
+    keyed ordering and consumer parallelism silently change when it differs.
+    """
+    problems: list[str] = []
+    for spec in specs:
+        try:
+            actual = partition_count(bootstrap, spec.name)
+        except KeyError as exc:
+            problems.append(str(exc.args[0]))
+            continue
+        if actual != spec.partitions:
+            problems.append(f"topic {spec.name!r} has {actual} partitions, declared {spec.partitions}")
+    return problems
+
+
+def topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
+    """The effective configuration of one topic, as the broker describes it."""
+    admin = AdminClient(admin_config(bootstrap))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    futures = admin.describe_configs([resource], request_timeout=ADMIN_TIMEOUT_S)
+    entries = futures[resource].result()
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}

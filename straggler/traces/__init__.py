@@ -1,0 +1,1 @@
+"""Trace loaders and generators: everything becomes a `JobTrace`."""

@@ -1,0 +1,518 @@
+"""Google cluster-usage trace 2011 (``clusterdata-2011-2``): ``task_events`` parts as `JobTrace` objects.
+
+The trace is gzip CSV without a header, split in ``part-NNNNN-of-00500.csv.gz`` files of about
+5,000 s each (schema: ../shared/traces/README.md; Reiss, Wilkes, Hellerstein, "Google cluster-usage
+traces: format + schema", 2011). A trace directory holds ``task_events/`` with any subset of parts and
+optionally ``job_events/`` (used for job metadata only).
+
+How the events become tasks, and why:
+
+- Parts are read in order of their number, streaming, one CSV row at a time; only per-task state and
+  compact step logs (`online_features`) are kept, never the raw rows.
+- The window runs from the first event of the first part to the last event of the last part. Parts
+  with consecutive numbers are contiguous in time. Between non-consecutive parts lies unknown time (a
+  *gap*): at a gap every running run is *cut* — it leaves its machine at the last event time before
+  the gap and, if it is its task's last run, ends there unscored. A terminal event after the gap for
+  a run scheduled before it is not matched to that run (what happened in between is unknown).
+- A task is ``(job_id, task_index)``. Its *last run* is its last SCHEDULE with timestamp > 0 and the
+  terminal event that follows: FINISH → finished, latency = FINISH - SCHEDULE (scored);
+  EVICT/FAIL/KILL/LOST → ended, not scored; none → still running at the window end (end NaN), not
+  scored; a gap → cut (end at the gap), not scored.
+- A run whose SCHEDULE was not observed (timestamp 0, i.e. before the trace began, or a run that ends
+  with a machine attached while no SCHEDULE was seen in the window) has no latency. A task whose last
+  run is such a run is *excluded* and only counted (`JobTrace.excluded_tasks`); its events still
+  shape other tasks' machine context.
+- Tasks never scheduled in the window never occupied a machine and belong to no `JobTrace`.
+- Only the last run is scored: a task that FINISHED and was then re-run is scored by its re-run. In
+  the shared 14-part window 311,896 tasks have some run scheduled after 0 that FINISHED (the traces
+  README's count, `TraceCounts.finished_tasks`; 488 jobs with >= 100), but 311,073 have a finished
+  *last* run (`TraceCounts.scored_tasks`; 484 jobs with >= 100, the jobs `load_google2011` returns).
+
+Features (`online_features.FEATURE_NAMES`) come from one chronological sweep over *all* events of
+the window, so machine context includes every job on a machine, not only the jobs returned.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+import re
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from straggler.traces.jobtrace import BoolArray, FloatArray, IntArray, JobTrace, checkpoint_grid
+from straggler.traces.online_features import FEATURE_NAMES, OnlineFeatureLog, OnlineFeatures
+
+SUBMIT, SCHEDULE, EVICT, FAIL, FINISH, KILL, LOST, UPDATE_PENDING, UPDATE_RUNNING = range(9)
+TERMINAL_EVENTS = frozenset({EVICT, FAIL, FINISH, KILL, LOST})
+MACHINE_FAILURE_EVENTS = frozenset({EVICT, FAIL, KILL, LOST})
+NO_RUN, RUN_OPEN, RUN_CUT = -1, 100, 101
+"""`last_kind` codes besides the terminal event types: no observed run, still running, cut at a gap."""
+
+TASK_EVENTS_DIR = "task_events"
+JOB_EVENTS_DIR = "job_events"
+PART_NAME = re.compile(r"^part-(\d{5})-of-(\d{5})\.csv\.gz$")
+US_PER_S = 1_000_000
+_QUERY_BATCH_ROWS = 1_000_000
+
+
+def trace_parts(directory: Path) -> list[tuple[int, Path]]:
+    """The ``part-NNNNN-of-MMMMM.csv.gz`` files of a table directory, ordered by part number."""
+    parts = []
+    for path in directory.iterdir():
+        match = PART_NAME.match(path.name)
+        if match:
+            parts.append((int(match.group(1)), path))
+    return sorted(parts)
+
+
+def _csv_rows(path: Path) -> Iterator[list[str]]:
+    with gzip.open(path, "rt", newline="", encoding="utf-8") as text:
+        reader = csv.reader(text)
+        try:
+            yield from reader
+        except csv.Error as err:
+            raise ValueError(f"{path}: unreadable CSV near line {reader.line_num}") from err
+
+
+def _float_or_nan(text: str) -> float:
+    return float(text) if text else math.nan
+
+
+@dataclass
+class _TaskTable:
+    """Per-task outcome of the sweep (dense task codes), plus what the window looked like."""
+
+    job_names: list[str]
+    machine_names: list[str]
+    task_job: IntArray
+    task_index: list[str]
+    last_start: IntArray
+    """SCHEDULE time (us) of the last observed run, -1 when none."""
+    last_end: IntArray
+    """End time (us) of that run, -1 while open."""
+    last_kind: IntArray
+    last_machine: IntArray
+    unobserved: BoolArray
+    """The task's last run began unobserved (before the window or in a gap)."""
+    finished_any: BoolArray
+    """Some observed run of the task FINISHED (the traces README's count)."""
+    parts: tuple[int, ...]
+    gaps: int
+    events: int
+    anomalies: int
+    window_start_us: int
+    window_end_us: int
+
+
+def _sweep(trace_dir: Path, log: OnlineFeatureLog | None, progress: bool) -> _TaskTable:
+    """One pass over all task events in time order: last runs per task, and feature steps into ``log``."""
+    parts = trace_parts(trace_dir / TASK_EVENTS_DIR)
+    if not parts:
+        raise FileNotFoundError(f"no {TASK_EVENTS_DIR}/part-NNNNN-of-NNNNN.csv.gz files under {trace_dir}")
+    job_code: dict[str, int] = {}
+    machine_code: dict[str, int] = {}
+    task_code: dict[tuple[str, str], int] = {}
+    task_job: list[int] = []
+    task_index: list[str] = []
+    run_start: list[int] = []  # current run's SCHEDULE time, -1 when not running
+    run_machine: list[int] = []
+    last_start: list[int] = []
+    last_end: list[int] = []
+    last_kind: list[int] = []
+    last_machine: list[int] = []
+    unobserved: list[bool] = []
+    finished_any: list[bool] = []
+    static_text: list[str] = []
+    running: set[int] = set()
+    events = anomalies = gaps = 0
+    window_start = window_end = -1
+    previous_part: int | None = None
+
+    def machine_of(name: str) -> int:
+        code = machine_code.get(name)
+        if code is None:
+            code = machine_code[name] = len(machine_code)
+        return code
+
+    for part, path in tqdm(parts, desc="task_events", unit="part", disable=not progress):
+        if previous_part is not None and part != previous_part + 1:
+            gaps += 1
+            for cut in running:  # unknown time follows: every open run is cut at the last known instant
+                if log is not None:
+                    log.run_ended(cut, task_job[cut], run_machine[cut], window_end, None)
+                if run_start[cut] > 0:
+                    last_end[cut], last_kind[cut] = window_end, RUN_CUT
+                run_start[cut] = -1
+            running.clear()
+        previous_part = part
+        for row in _csv_rows(path):
+            t = int(row[0])
+            kind = int(row[5])
+            events += 1
+            if window_start < 0:
+                window_start = t
+            window_end = t
+            key = (row[2], row[3])
+            c = task_code.get(key)
+            if c is None:
+                c = task_code[key] = len(task_job)
+                if row[2] not in job_code:
+                    job_code[row[2]] = len(job_code)
+                task_job.append(job_code[row[2]])
+                task_index.append(row[3])
+                run_start.append(-1)
+                run_machine.append(-1)
+                last_start.append(-1)
+                last_end.append(-1)
+                last_kind.append(NO_RUN)
+                last_machine.append(-1)
+                unobserved.append(False)
+                finished_any.append(False)
+                static_text.append("")
+            if log is not None and row[9]:
+                text = ",".join(row[7:13])
+                if text != static_text[c]:
+                    static_text[c] = text
+                    log.static_changed(
+                        c,
+                        t,
+                        (
+                            _float_or_nan(row[9]),
+                            _float_or_nan(row[10]),
+                            _float_or_nan(row[11]),
+                            _float_or_nan(row[8]),
+                            _float_or_nan(row[7]),
+                            _float_or_nan(row[12]),
+                        ),
+                    )
+            if kind == SCHEDULE:
+                if not row[4]:
+                    anomalies += 1
+                    continue
+                m = machine_of(row[4])
+                if run_start[c] >= 0:  # scheduled while running: the earlier run ended unseen
+                    anomalies += 1
+                    if log is not None:
+                        log.run_ended(c, task_job[c], run_machine[c], t, None)
+                run_start[c] = t
+                run_machine[c] = m
+                running.add(c)
+                if log is not None:
+                    log.run_started(c, task_job[c], m, t)
+                if t > 0:
+                    last_start[c], last_end[c], last_kind[c], last_machine[c] = t, -1, RUN_OPEN, m
+                    unobserved[c] = False
+                else:
+                    unobserved[c] = True
+            elif kind in TERMINAL_EVENTS:
+                start = run_start[c]
+                if start >= 0:
+                    m = run_machine[c]
+                    if start > 0:
+                        last_end[c], last_kind[c] = t, kind
+                        finished_any[c] = finished_any[c] or kind == FINISH
+                    run_start[c] = -1
+                    running.discard(c)
+                    if log is not None:
+                        latency = t - start if kind == FINISH and start > 0 else None
+                        log.run_ended(c, task_job[c], m, t, latency)
+                else:
+                    m = machine_of(row[4]) if row[4] else -1
+                    if m >= 0 and last_kind[c] != RUN_CUT:
+                        # It was running on a machine since an unseen SCHEDULE: that is its last run now.
+                        last_start[c], last_end[c], last_kind[c], last_machine[c] = -1, -1, NO_RUN, -1
+                        unobserved[c] = True
+                if log is not None:
+                    if kind in MACHINE_FAILURE_EVENTS and m >= 0:
+                        log.machine_failure(m, t)
+                    if kind == EVICT:
+                        log.task_evicted(c, t)
+                    elif kind == FAIL:
+                        log.task_failed(c, t)
+            elif kind == SUBMIT and log is not None:
+                log.submitted(c, t)
+
+    machine_names = [""] * len(machine_code)
+    for name, code in machine_code.items():
+        machine_names[code] = name
+    job_names = [""] * len(job_code)
+    for name, code in job_code.items():
+        job_names[code] = name
+    return _TaskTable(
+        job_names=job_names,
+        machine_names=machine_names,
+        task_job=np.asarray(task_job, dtype=np.int64),
+        task_index=task_index,
+        last_start=np.asarray(last_start, dtype=np.int64),
+        last_end=np.asarray(last_end, dtype=np.int64),
+        last_kind=np.asarray(last_kind, dtype=np.int64),
+        last_machine=np.asarray(last_machine, dtype=np.int64),
+        unobserved=np.asarray(unobserved, dtype=bool),
+        finished_any=np.asarray(finished_any, dtype=bool),
+        parts=tuple(part for part, _ in parts),
+        gaps=gaps,
+        events=events,
+        anomalies=anomalies,
+        window_start_us=window_start,
+        window_end_us=window_end,
+    )
+
+
+@dataclass(frozen=True)
+class TraceCounts:
+    """What a window of the trace holds, for reports (every task counted once, by its last run)."""
+
+    parts: tuple[int, ...]
+    gaps: int
+    window_start_s: float
+    window_end_s: float
+    events: int
+    jobs: int
+    tasks: int
+    scheduled_tasks: int
+    """Tasks whose last run was observed from its SCHEDULE (= scored + ended + running + cut)."""
+    scored_tasks: int
+    ended_tasks: int
+    running_at_end: int
+    cut_tasks: int
+    excluded_tasks: int
+    never_scheduled: int
+    finished_tasks: int
+    """Tasks with a SCHEDULE after time 0 followed by a FINISH, in any run (the traces README's count)."""
+    anomalies: int
+    scored_per_job: dict[str, int] = field(repr=False)
+    finished_per_job: dict[str, int] = field(repr=False)
+
+    def jobs_with_scored(self, min_tasks: int) -> int:
+        return sum(1 for n in self.scored_per_job.values() if n >= min_tasks)
+
+    def jobs_with_finished(self, min_tasks: int) -> int:
+        return sum(1 for n in self.finished_per_job.values() if n >= min_tasks)
+
+
+def _per_job(table: _TaskTable, mask: BoolArray) -> dict[str, int]:
+    counts = np.bincount(table.task_job[mask], minlength=len(table.job_names))
+    return {table.job_names[j]: int(counts[j]) for j in np.flatnonzero(counts)}
+
+
+def count_tasks(trace_dir: Path, *, progress: bool = False) -> TraceCounts:
+    """Totals of a trace window (events, jobs, tasks by fate) without computing features."""
+    table = _sweep(Path(trace_dir), None, progress)
+    observed = table.last_start > 0
+    kind = table.last_kind
+    scored = observed & (kind == FINISH)
+    return TraceCounts(
+        parts=table.parts,
+        gaps=table.gaps,
+        window_start_s=table.window_start_us / US_PER_S,
+        window_end_s=table.window_end_us / US_PER_S,
+        events=table.events,
+        jobs=len(table.job_names),
+        tasks=len(table.task_index),
+        scheduled_tasks=int(observed.sum()),
+        scored_tasks=int(scored.sum()),
+        ended_tasks=int((observed & np.isin(kind, list(TERMINAL_EVENTS - {FINISH}))).sum()),
+        running_at_end=int((observed & (kind == RUN_OPEN)).sum()),
+        cut_tasks=int((observed & (kind == RUN_CUT)).sum()),
+        excluded_tasks=int((~observed & table.unobserved).sum()),
+        never_scheduled=int((~observed & ~table.unobserved).sum()),
+        finished_tasks=int(table.finished_any.sum()),
+        anomalies=table.anomalies,
+        scored_per_job=_per_job(table, scored),
+        finished_per_job=_per_job(table, table.finished_any),
+    )
+
+
+def _job_metadata(trace_dir: Path, wanted: set[str]) -> dict[str, dict[str, float | str]]:
+    """User, names and first SUBMIT of the wanted jobs, from ``job_events/`` when it exists."""
+    directory = trace_dir / JOB_EVENTS_DIR
+    meta: dict[str, dict[str, float | str]] = {}
+    if not directory.is_dir():
+        return meta
+    for _, path in trace_parts(directory):
+        for row in _csv_rows(path):
+            if row[2] not in wanted or row[2] in meta:
+                continue
+            meta[row[2]] = {
+                "user": row[4],
+                "job_name": row[6],
+                "logical_job_name": row[7],
+                "job_first_event_s": int(row[0]) / US_PER_S,
+            }
+    return meta
+
+
+def _job_order(job_id: str) -> tuple[int, str]:
+    """Numeric job ids sort by value ("9" before "10"); any others after them, by text."""
+    return (0, f"{int(job_id):020d}") if job_id.isdigit() else (1, job_id)
+
+
+def _ceil_us(seconds: FloatArray) -> IntArray:
+    """Smallest whole microsecond not before each time: an event at e us is before t iff e < this."""
+    return np.ceil(np.round(seconds * US_PER_S, 3)).astype(np.int64)
+
+
+@dataclass
+class _JobPlan:
+    """One job's tasks and the (task, time) rows whose features it needs."""
+
+    job: int
+    tasks: IntArray
+    start_us: IntArray
+    start: FloatArray
+    end: FloatArray
+    finished: BoolArray
+    checkpoints: FloatArray
+    running_k: IntArray
+    running_i: IntArray
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.running_i) + int(self.finished.sum())
+
+
+def _plan_job(table: _TaskTable, job: int, tasks: IntArray, interval: float) -> _JobPlan:
+    order = np.argsort(np.asarray([int(table.task_index[c]) for c in tasks]), kind="stable")
+    tasks = tasks[order]
+    start_us = table.last_start[tasks]
+    end_us = table.last_end[tasks]
+    start = start_us / US_PER_S
+    end = np.where(end_us >= 0, end_us / US_PER_S, np.nan)
+    finished = table.last_kind[tasks] == FINISH
+    has_end = np.isfinite(end)
+    last_end = float(end[has_end].max()) if has_end.any() else math.nan
+    checkpoints = checkpoint_grid(float(start.min()), last_end, interval)
+    with np.errstate(invalid="ignore"):
+        is_running = (start[None, :] <= checkpoints[:, None]) & ~(end[None, :] <= checkpoints[:, None])
+    running_k, running_i = np.nonzero(is_running)
+    return _JobPlan(job, tasks, start_us, start, end, finished, checkpoints, running_k, running_i)
+
+
+def _build_traces(
+    table: _TaskTable,
+    features: OnlineFeatures,
+    plans: list[_JobPlan],
+    excluded: IntArray,
+    never_scheduled: IntArray,
+    meta: dict[str, dict[str, float | str]],
+) -> list[JobTrace]:
+    """Evaluate every plan's rows in one batch of feature queries and cut them back into traces."""
+    task_parts, t_parts, start_parts = [], [], []
+    for plan in plans:
+        fin = np.flatnonzero(plan.finished)
+        task_parts += [plan.tasks[plan.running_i], plan.tasks[fin]]
+        t_parts += [_ceil_us(plan.checkpoints[plan.running_k]), table.last_end[plan.tasks[fin]]]
+        start_parts += [plan.start_us[plan.running_i], plan.start_us[fin]]
+    task = np.concatenate(task_parts)
+    rows = features.at(
+        task,
+        table.task_job[task],
+        table.last_machine[task],
+        np.concatenate(start_parts),
+        np.concatenate(t_parts),
+    )
+    traces = []
+    offset = 0
+    for plan in plans:
+        n_running = len(plan.running_i)
+        running_rows = rows[offset : offset + n_running]
+        offset += n_running
+        finish_features = np.full((len(plan.tasks), len(FEATURE_NAMES)), np.nan)
+        fin = np.flatnonzero(plan.finished)
+        finish_features[fin] = rows[offset : offset + len(fin)]
+        offset += len(fin)
+        bounds = np.searchsorted(plan.running_k, np.arange(1, len(plan.checkpoints)))
+        job_name = table.job_names[plan.job]
+        kinds = table.last_kind[plan.tasks]
+        job_meta: dict[str, float | str] = {
+            "source": "google-2011",
+            "scored_tasks": float(plan.finished.sum()),
+            "ended_tasks": float(np.isin(kinds, list(TERMINAL_EVENTS - {FINISH})).sum()),
+            "running_at_end": float((kinds == RUN_OPEN).sum()),
+            "cut_tasks": float((kinds == RUN_CUT).sum()),
+            "never_scheduled": float(never_scheduled[plan.job]),
+        }
+        job_meta.update(meta.get(job_name, {}))
+        traces.append(
+            JobTrace(
+                job_id=job_name,
+                task_ids=[table.task_index[c] for c in plan.tasks],
+                machine_ids=[table.machine_names[m] for m in table.last_machine[plan.tasks]],
+                start=plan.start,
+                end=plan.end,
+                finished=plan.finished,
+                feature_names=FEATURE_NAMES,
+                checkpoints=plan.checkpoints,
+                running_index=np.split(plan.running_i.astype(np.int64), bounds),
+                running_features=np.split(running_rows.copy(), bounds),
+                finish_features=finish_features,
+                excluded_tasks=int(excluded[plan.job]),
+                meta=job_meta,
+            )
+        )
+    return traces
+
+
+def load_google2011(
+    trace_dir: Path,
+    *,
+    checkpoint_seconds: float = 300.0,
+    min_tasks: int = 100,
+    max_jobs: int | None = None,
+    job_ids: Collection[str] | None = None,
+    progress: bool = False,
+) -> list[JobTrace]:
+    """Jobs of a Google 2011 trace window with at least ``min_tasks`` scored tasks, as `JobTrace`s.
+
+    ``job_ids`` restricts the jobs returned (``min_tasks`` still applies); ``max_jobs`` keeps the
+    largest by scored-task count, ties by numeric job id. The result is ordered by each job's first
+    task start, then job id. Features always come from every event of the window.
+    """
+    trace_dir = Path(trace_dir)
+    log = OnlineFeatureLog()
+    table = _sweep(trace_dir, log, progress)
+    features = log.freeze()
+    del log
+
+    observed = table.last_start > 0
+    n_jobs = len(table.job_names)
+    scored = np.bincount(table.task_job[observed & (table.last_kind == FINISH)], minlength=n_jobs)
+    excluded = np.bincount(table.task_job[~observed & table.unobserved], minlength=n_jobs)
+    never_scheduled = np.bincount(table.task_job[~observed & ~table.unobserved], minlength=n_jobs)
+    with_runs = np.bincount(table.task_job[observed], minlength=n_jobs) > 0
+    selected: list[int] = np.flatnonzero((scored >= min_tasks) & with_runs).tolist()
+    if job_ids is not None:
+        wanted = {str(job) for job in job_ids}
+        selected = [j for j in selected if table.job_names[j] in wanted]
+    if max_jobs is not None:
+        selected.sort(key=lambda j: (-int(scored[j]), _job_order(table.job_names[j])))
+        selected = selected[:max_jobs]
+
+    observed_tasks = np.flatnonzero(observed)
+    by_job = observed_tasks[np.argsort(table.task_job[observed_tasks], kind="stable")]
+    job_bounds = np.searchsorted(table.task_job[by_job], np.arange(n_jobs + 1))
+    plans = [
+        _plan_job(table, j, by_job[job_bounds[j] : job_bounds[j + 1]], checkpoint_seconds) for j in selected
+    ]
+    plans.sort(key=lambda plan: (float(plan.start.min()), _job_order(table.job_names[plan.job])))
+    meta = _job_metadata(trace_dir, {table.job_names[plan.job] for plan in plans})
+
+    traces: list[JobTrace] = []
+    batch: list[_JobPlan] = []
+    batch_rows = 0
+    with tqdm(total=len(plans), desc="features", unit="job", disable=not progress) as bar:
+        for plan in [*plans, None]:
+            if plan is not None:
+                batch.append(plan)
+                batch_rows += plan.n_rows
+            if batch and (plan is None or batch_rows >= _QUERY_BATCH_ROWS):
+                traces += _build_traces(table, features, batch, excluded, never_scheduled, meta)
+                bar.update(len(batch))
+                batch, batch_rows = [], 0
+    return traces

@@ -1,0 +1,61 @@
+"""One entry point from a ``--format`` name to a list of `JobTrace`s."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from straggler.traces.jobtrace import JobTrace
+
+TraceFormat = Literal["google-2011", "google-2011-usage", "synthetic"]
+FORMATS: tuple[TraceFormat, ...] = ("google-2011", "google-2011-usage", "synthetic")
+
+
+def load_traces(
+    fmt: str,
+    trace: Path | None,
+    *,
+    checkpoint_seconds: float | None = None,
+    min_tasks: int = 100,
+    max_jobs: int | None = None,
+    jobs: int = 20,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[JobTrace]:
+    """Load (or, for ``synthetic``, generate) the jobs an evaluation or a replay runs on."""
+    if fmt == "google-2011":
+        from straggler.traces.google2011 import load_google2011
+
+        if trace is None:
+            raise ValueError("--trace DIR is required for google-2011")
+        return list(
+            load_google2011(
+                trace,
+                checkpoint_seconds=checkpoint_seconds or 300.0,
+                min_tasks=min_tasks,
+                max_jobs=max_jobs,
+                progress=progress,
+            )
+        )
+    if fmt == "google-2011-usage":
+        from straggler.traces.usage import load_google2011_usage
+
+        if trace is None:
+            raise ValueError("--trace DIR is required for google-2011-usage")
+        return list(
+            load_google2011_usage(
+                trace,
+                checkpoint_seconds=checkpoint_seconds or 300.0,
+                min_tasks=min_tasks,
+                max_jobs=max_jobs,
+                progress=progress,
+            )
+        )
+    if fmt == "synthetic":
+        from straggler.traces.synthetic import generate_jobs
+
+        traces = generate_jobs(
+            jobs, seed=seed, min_tasks=min_tasks, checkpoint_seconds=checkpoint_seconds or 60.0
+        )
+        return traces[:max_jobs] if max_jobs else traces
+    raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")

@@ -1,0 +1,73 @@
+"""Shared fixtures: one real Kafka broker for the whole test session, and unique names per test.
+
+Where the broker comes from, first that works:
+1. ``$KAFKA_BOOTSTRAP_SERVERS`` (an existing broker, e.g. in CI or a developer's cluster);
+2. a testcontainers Kafka container (KRaft) when a Docker engine answers;
+3. the embedded broker (``straggler.kafka.embedded``): Apache Kafka's own jars on a local JVM.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from straggler.kafka.embedded import embedded_kafka
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+# testcontainers-python's KafkaContainer drives Confluent's image scripts (it cannot start the
+# apache/kafka image); Confluent Platform 7.9 ships Apache Kafka 3.9, the version embedded here.
+CONTAINER_IMAGE = "confluentinc/cp-kafka:7.9.0"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:  # no SDK, no socket, no engine: all mean "use another broker"
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """The bootstrap address of the session's broker."""
+    from_env = os.environ.get(BOOTSTRAP_ENV)
+    if from_env:
+        yield from_env
+        return
+    if _docker_answers():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer(CONTAINER_IMAGE).with_kraft() as container:
+            yield container.get_bootstrap_server()
+        return
+    with embedded_kafka() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture
+def fresh_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """Makes names (topics, groups, prefixes) no other test or earlier session used on the broker."""
+    token = uuid.uuid4().hex[:8]
+    test = "".join(ch if ch.isalnum() else "-" for ch in request.node.name)[:40].strip("-")
+
+    def make(stem: str) -> str:
+        return f"{stem}-{test}-{token}"
+
+    return make
+
+
+@pytest.fixture
+def fresh_topic_prefix(fresh_name: Callable[[str], str]) -> str:
+    """A topic-name prefix unique to this test, ending in a dot (``t-<test>-<token>.``)."""
+    return fresh_name("t") + "."

@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+
+from straggler.core.jobstate import JobState, TaskStatus
+
+
+def test_finished_task_is_never_resurrected_by_a_late_running_event() -> None:
+    state = JobState("j", n_features=2)
+    assert state.observe_running("a", np.array([1.0, 2.0]), start=0.0, observed_at=10.0)
+    assert state.observe_finished("a", np.array([1.0, 2.0]), latency=15.0, observed_at=15.0)
+    assert not state.observe_running("a", np.array([9.0, 9.0]), start=0.0, observed_at=12.0)
+    assert not state.observe_running("a", np.array([9.0, 9.0]), start=0.0, observed_at=20.0)
+    assert state.tasks["a"].status == TaskStatus.FINISHED
+    ids, _, y = state.finished()
+    assert ids == ["a"] and y.tolist() == [15.0]
+
+
+def test_duplicates_and_reordering_are_idempotent() -> None:
+    state = JobState("j", n_features=1)
+    state.observe_running("a", np.array([2.0]), start=0.0, observed_at=20.0)
+    assert not state.observe_running("a", np.array([1.0]), start=0.0, observed_at=10.0)  # older checkpoint
+    assert state.tasks["a"].features.tolist() == [2.0]
+    assert state.observe_finished("a", np.array([2.0]), latency=30.0, observed_at=30.0)
+    assert not state.observe_finished("a", np.array([2.0]), latency=30.0, observed_at=30.0)
+    assert state.n_finished == 1
+
+
+def test_a_new_attempt_replaces_a_failed_run() -> None:
+    state = JobState("j", n_features=1)
+    state.observe_running("a", np.array([1.0]), start=0.0, observed_at=5.0)
+    assert state.observe_gone("a", observed_at=6.0)
+    assert not state.observe_running("a", np.array([1.0]), start=0.0, observed_at=7.0, attempt=0)
+    assert state.observe_running("a", np.array([3.0]), start=8.0, observed_at=9.0, attempt=1)
+    ids, _, elapsed = state.running(at=10.0)
+    assert ids == ["a"] and elapsed.tolist() == [2.0]
+
+
+def test_flagged_tasks_are_not_evaluated_again_and_bad_input_is_rejected() -> None:
+    state = JobState("j", n_features=1)
+    state.observe_running("a", np.array([1.0]), start=0.0, observed_at=5.0)
+    state.observe_running("b", np.array([1.0]), start=0.0, observed_at=5.0)
+    state.flag("a", 5.0)
+    assert state.running(at=6.0)[0] == ["b"]
+    assert state.running(at=6.0, unflagged_only=False)[0] == ["a", "b"]
+    state.observe_running("0", np.array([1.0]), start=0.0, observed_at=5.0)
+    assert state.running(at=6.0)[0] == ["0", "b"]  # canonical order: (start, task id)
+    with pytest.raises(ValueError, match="latency"):
+        state.observe_finished("b", np.array([1.0]), latency=float("nan"), observed_at=7.0)
+    with pytest.raises(ValueError, match="expected 1 features"):
+        state.observe_running("c", np.array([1.0, 2.0]), start=0.0, observed_at=5.0)

@@ -1,0 +1,114 @@
+import dataclasses
+
+import numpy as np
+import pytest
+from jobs_for_tests import make_job
+
+from straggler.core.method import CheckpointData
+from straggler.core.nurd import PRESETS, centroid_calibration, make_nurd
+from straggler.core.online import OnlineJob
+from straggler.evaluation import EvaluationConfig, flag_times
+from straggler.traces.jobtrace import JobTrace
+
+
+def _checkpoint(n_fin: int = 20, n_run: int = 480, signal: float = 1.0, seed: int = 0) -> CheckpointData:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n_fin + n_run, 3))
+    latency = np.exp(3 + signal * X[:, 0] + 0.3 * rng.normal(size=len(X)))
+    order = np.argsort(latency)
+    fin, run = order[:n_fin], order[n_fin:]
+    elapsed = np.full(n_run, latency[fin].max())
+    return CheckpointData(X[fin], latency[fin], X[run], elapsed, float(np.quantile(latency, 0.9)), len(X))
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_presets_are_deterministic_and_shaped(preset: str) -> None:
+    data = _checkpoint()
+    a = make_nurd(preset, random_state=3).fit(data).predict(data)
+    b = make_nurd(preset, random_state=3).fit(data).predict(data)
+    assert a.adjusted.shape == (data.n_running,)
+    np.testing.assert_array_equal(a.adjusted, b.adjusted)
+    assert np.all(a.adjusted >= a.latency - 1e-9)  # weights are in (0, 1]
+
+
+def test_paper_formula_inflates_everything_early_and_nurd_does_not() -> None:
+    """The measured failure that motivates `nurd`: with 4% finished, z ~ 0.04 and w sits at eps."""
+    data = _checkpoint(n_fin=20, n_run=480, signal=0.0)
+    paper = make_nurd("nurd-paper").fit(data).predict(data)
+    ours = make_nurd("nurd").fit(data).predict(data)
+    assert np.median(paper.weight) < 0.2
+    assert paper.is_straggler.mean() > 0.5
+    assert ours.is_straggler.mean() < 0.05
+
+
+def test_centroid_calibration_depends_on_feature_origin() -> None:
+    rng = np.random.default_rng(0)
+    X_fin, X_run = rng.normal(size=(50, 2)), rng.normal(0.5, 1, size=(500, 2))
+    assert centroid_calibration(X_fin, X_run, 0.5) != pytest.approx(
+        centroid_calibration(X_fin + 10, X_run + 10, 0.5)
+    )
+
+
+def test_nurd_without_signal_is_the_reactive_rule() -> None:
+    trace = make_job(300, signal=0.0, seed=4)
+    config = EvaluationConfig(methods=("nurd",), threshold="oracle")
+    flags, _ = flag_times(trace, "nurd", config)
+    p90 = np.quantile(trace.latency, 0.9)
+    # reactive: flagged at the first checkpoint where elapsed >= p90
+    for i in np.flatnonzero(np.isfinite(flags)):
+        assert flags[i] - trace.start[i] >= p90 - 1e-9
+
+
+def test_nurd_with_signal_flags_stragglers_before_they_exceed_the_threshold() -> None:
+    trace = make_job(400, signal=1.0, seed=5)
+    config = EvaluationConfig(methods=("nurd",), threshold="oracle")
+    flags, _ = flag_times(trace, "nurd", config)
+    latency = trace.latency
+    p90 = np.quantile(latency, 0.9)
+    truth = latency >= p90
+    early = np.isfinite(flags) & (flags - trace.start < p90)
+    assert early.sum() > 0
+    assert truth[early].mean() > 0.5  # most early flags are real stragglers
+
+
+def test_no_prediction_before_four_percent_finished_and_refit_rule() -> None:
+    job = OnlineJob("j", make_nurd("gbtr"), n_features=1, expected_tasks=100, threshold=50.0)
+    for i in range(100):
+        job.state.observe_running(f"t{i}", np.array([float(i)]), start=0.0, observed_at=1.0)
+    for i in range(3):
+        job.state.observe_finished(f"t{i}", np.array([float(i)]), latency=5.0 + i, observed_at=5.0 + i)
+    assert job.checkpoint(10.0) == []
+    job.state.observe_finished("t3", np.array([3.0]), latency=9.0, observed_at=9.0)
+    assert len(job.checkpoint(10.0)) == 96 and job.model_version == 1
+    job.state.observe_finished("t4", np.array([4.0]), latency=11.0, observed_at=11.0)
+    job.checkpoint(12.0)
+    assert job.model_version == 2  # 5 >= 4 * 1.25
+    job.state.observe_finished("t5", np.array([5.0]), latency=12.0, observed_at=12.5)
+    job.checkpoint(13.0)
+    assert job.model_version == 2  # 6 < 5 * 1.25
+
+
+def _with_longer_task(trace: JobTrace, task: int, extra: float) -> JobTrace:
+    end = trace.end.copy()
+    end[task] += extra
+    running_index, running_features = [], []
+    x = trace.finish_features
+    for t in trace.checkpoints:
+        idx = np.flatnonzero((trace.start <= t) & (t < end))
+        running_index.append(idx)
+        running_features.append(x[idx])
+    return dataclasses.replace(trace, end=end, running_index=running_index, running_features=running_features)
+
+
+@pytest.mark.parametrize("method", ["nurd", "nurd-paper", "gbtr"])
+def test_decisions_never_depend_on_a_running_task_future(method: str) -> None:
+    """Honesty: lengthening a task's future run changes nothing decided before it would have finished."""
+    trace = make_job(200, signal=1.0, seed=6)
+    config = EvaluationConfig(methods=(method,), threshold="online")
+    task = int(np.argmax(trace.latency))
+    before, _ = flag_times(trace, method, config)
+    after, _ = flag_times(_with_longer_task(trace, task, 500.0), method, config)
+    cutoff = trace.end[task]
+    decided_early = np.isfinite(before) & (before < cutoff)
+    np.testing.assert_array_equal(before[decided_early], after[decided_early])
+    assert np.all(~np.isfinite(after) | (after >= cutoff) | np.isfinite(before))
