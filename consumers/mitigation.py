@@ -92,9 +92,13 @@ POLL_TIMEOUT_S = 0.5
 """Longest a consume call blocks, so ``stop`` and ``idle_timeout`` are noticed within about this."""
 SESSION_TIMEOUT_MS = 10_000
 """How soon the group notices a killed instance (librdkafka's default is 45 s)."""
+ASSIGNMENT_WAIT_S = 3 * SESSION_TIMEOUT_MS / 1000
+"""How long a bounded run (``idle_timeout``) waits for its first assignment."""
 REBUILD_TIMEOUT_S = 300.0
 """Give up (raise) when a rebuild has not reached the committed offsets by then; stays under the
 default ``max.poll.interval.ms`` (300 s) only when the rebuild starts promptly."""
+COMMITTED_TIMEOUT_S = 60.0
+"""Longest wait for the group's committed offsets (they wait for a pending transaction to finish)."""
 TXN_RETRIES = 5
 """Retries of a retriable ``send_offsets_to_transaction``/``commit_transaction`` before aborting."""
 
@@ -333,6 +337,7 @@ class MitigationConsumer:
         self._state = MitigationState(policy, checkpoint_interval)  # pure; also validates the spec
         self._stats = MitigationStats()
         self._last_input = time.monotonic()
+        self._assigned = False
 
     @property
     def inputs(self) -> list[str]:
@@ -352,16 +357,21 @@ class MitigationConsumer:
         """Consume until ``stop`` is set, ``idle_timeout`` seconds pass without input (counted from the
         last record or assignment), or ``max_messages`` records are processed; return the counts.
 
+        Before its first assignment the consumer waits at least `ASSIGNMENT_WAIT_S` whatever
+        ``idle_timeout`` says: after a crash the group holds the partitions until the dead member's
+        session expires, and that is not an idle input.
+
         Returns between transactions, so nothing is left open. Fatal Kafka errors (e.g. fenced by a newer
         instance with the same transactional id) raise `KafkaException`.
         """
         self._stats = MitigationStats()
         consumer = Consumer(self._consumer_config())
-        producer = Producer(self._producer_config())
         try:
+            producer = Producer(self._producer_config())
             producer.init_transactions()  # fences an older instance and aborts what it left open
             consumer.subscribe(self.inputs, on_assign=self._on_assign)
-            self._last_input = time.monotonic()
+            self._assigned = False
+            self._last_input = started = time.monotonic()
             while not (stop is not None and stop.is_set()):
                 budget = self.batch_size
                 if max_messages is not None:
@@ -372,8 +382,12 @@ class MitigationConsumer:
                 if records:
                     self._last_input = time.monotonic()
                     self._transact(consumer, producer, records)
-                elif idle_timeout is not None and time.monotonic() - self._last_input >= idle_timeout:
-                    break
+                elif idle_timeout is not None:
+                    now = time.monotonic()
+                    if self._assigned and now - self._last_input >= idle_timeout:
+                        break
+                    if not self._assigned and now - started >= max(idle_timeout, ASSIGNMENT_WAIT_S):
+                        break
         finally:
             consumer.close()  # leaves the group at once, so the partitions move without a timeout
         return self._stats
@@ -464,6 +478,7 @@ class MitigationConsumer:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebuild the state of the new assignment, then start reading where the group committed."""
         consumer.assign(self._restore(consumer, partitions))
+        self._assigned = True
         self._last_input = time.monotonic()
 
     def _rewind(self, consumer: Consumer) -> None:
@@ -473,7 +488,7 @@ class MitigationConsumer:
 
     def _restore(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Replace the state by the fold of the committed input; return where to continue reading."""
-        committed = consumer.committed(partitions) if partitions else []
+        committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions else []
         targets = {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
         state = MitigationState(self.policy_spec, self.checkpoint_interval)
         replayed = self._replay(state, targets)

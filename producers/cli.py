@@ -57,7 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from producers.replayer import ReplayStalled, TraceReplayer
+    from confluent_kafka import KafkaException
+
+    from producers.replayer import TraceReplayer
     from straggler.kafka.cli import default_bootstrap
     from straggler.kafka.names import TopicNames
     from straggler.traces.loading import load_traces
@@ -93,7 +95,7 @@ def _produce(args: argparse.Namespace) -> int:
     )
     try:
         result = replayer.run()
-    except ReplayStalled as exc:
+    except (RuntimeError, KafkaException) as exc:  # ReplayStalled, a missing topic, an unreachable broker
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     summary = {

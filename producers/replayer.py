@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from tqdm import tqdm
 
 from schemas import (
@@ -65,6 +65,13 @@ POLL_SECONDS = 0.05
 """Consumer poll granularity while the closed loop waits for the pipeline."""
 
 PRODUCER_SOURCE = "replayer"
+
+_NO_LEADER_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT,
+)
 
 SendEvent = Callable[[str, str, Event], None]
 """``send(topic, job_id, event)``: encode and produce one event keyed by its job."""
@@ -325,18 +332,8 @@ class _PipelineWatch:
 
     @staticmethod
     def _assign_at_end(consumer: Consumer, topic: str) -> list[int]:
-        metadata = consumer.list_topics(topic, timeout=FLUSH_TIMEOUT_SECONDS)
-        described = metadata.topics.get(topic)
-        if described is None or described.error is not None or not described.partitions:
-            raise RuntimeError(f"topic {topic!r} does not exist (create the topics first)")
-        partitions = sorted(described.partitions)
-        assignment = []
-        for p in partitions:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, p), timeout=FLUSH_TIMEOUT_SECONDS, cached=False
-            )
-            assignment.append(TopicPartition(topic, p, high))
-        consumer.assign(assignment)
+        partitions = _require_topics(consumer, (topic,))[topic]
+        consumer.assign([TopicPartition(topic, p, _end_offset(consumer, topic, p)) for p in partitions])
         return partitions
 
     def _decode(self, message: Message) -> Event | None:
@@ -389,12 +386,8 @@ class _PipelineWatch:
 
     def read_commands(self, t: float, timeout: float) -> list[RelaunchCommand]:
         """Every committed command up to the end of the commands topic as it stands now."""
-        ends = {
-            p: self.commands.get_watermark_offsets(
-                TopicPartition(self.topics.commands, p), timeout=FLUSH_TIMEOUT_SECONDS, cached=False
-            )[1]
-            for p in self.command_partitions
-        }
+        # Ask a consumer that does not fetch: the fetching one's request would queue behind its long poll.
+        ends = {p: _end_offset(self.offsets, self.topics.commands, p) for p in self.command_partitions}
         found: list[RelaunchCommand] = []
         deadline = time.monotonic() + timeout
         while any(self.command_eof.get(p, -1) < end for p, end in ends.items()):
@@ -469,6 +462,7 @@ class TraceReplayer:
         wall_start = time.monotonic()
         deliveries = DeliveryCounter()
         producer = Producer(replay_producer_config(self.bootstrap))
+        _require_topics(producer, (self.topics.checkpoints, self.topics.job_events))
         sims = [JobSimulation(trace, self.seed) for trace in self.traces]
         watch = (
             _PipelineWatch(self.bootstrap, self.topics, self.mitigator_group) if self.closed_loop else None
@@ -640,6 +634,37 @@ class TraceReplayer:
                 result.commands_ignored += 1
                 result.ignored_reasons[reason] = result.ignored_reasons.get(reason, 0) + 1
         return later
+
+
+def _require_topics(client: Producer | Consumer, names: Sequence[str]) -> dict[str, list[int]]:
+    """Each topic's partitions; a clear error, before anything is sent, if one does not exist."""
+    found: dict[str, list[int]] = {}
+    for name in names:
+        described = client.list_topics(name, timeout=FLUSH_TIMEOUT_SECONDS).topics.get(name)
+        if described is None or described.error is not None or not described.partitions:
+            raise RuntimeError(
+                f"topic {name!r} does not exist; create the topics first (straggler topics create)"
+            )
+        found[name] = sorted(described.partitions)
+    return found
+
+
+def _end_offset(consumer: Consumer, topic: str, partition: int) -> int:
+    """The partition's high watermark, retrying while a fresh topic's leader is being elected."""
+    deadline = time.monotonic() + FLUSH_TIMEOUT_SECONDS
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)[
+                1
+            ]
+        except KafkaException as exc:
+            error = exc.args[0]
+            retriable = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _NO_LEADER_YET
+            )
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(POLL_SECONDS)
 
 
 def _smallest_spacing(traces: Sequence[JobTrace]) -> float | None:

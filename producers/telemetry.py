@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping
 from numbers import Integral, Real
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, SupportsFloat, SupportsIndex
 
 from confluent_kafka import Producer
 
@@ -80,10 +80,10 @@ class TelemetryProducer:
         self,
         job_id: str,
         task_id: str,
-        features: Mapping[str, float],
+        features: Mapping[str, SupportsFloat],
         status: TaskStatus = "running",
         *,
-        attempt: int = 0,
+        attempt: SupportsIndex = 0,
         machine_id: str = "",
         latency: float | None = None,
         start_time: float | None = None,
@@ -91,10 +91,11 @@ class TelemetryProducer:
     ) -> None:
         """Report one task's state: its features now (``running``), or how it ended.
 
-        ``features`` must hold finite numbers observed before ``at``; leave out what is unknown rather
-        than sending NaN. A ``finished`` report needs ``latency`` (seconds from start to finish, >= 0);
-        other statuses must not carry one. ``attempt`` counts the task's runs from 0, so a relaunched
-        copy is attempt 1. Raises `schemas.SchemaError` (and sends nothing) for an invalid report.
+        ``features`` must hold finite numbers (NumPy scalars are fine) observed before ``at``; leave
+        out what is unknown rather than sending NaN. A ``finished`` report needs ``latency`` (seconds
+        from start to finish, >= 0); other statuses must not carry one. ``attempt`` counts the task's
+        runs from 0, so a relaunched copy is attempt 1. Raises `schemas.SchemaError` (and sends
+        nothing) for an invalid report.
         """
         event = TaskCheckpoint(
             job_id=job_id,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -60,8 +63,61 @@ def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_evaluate)
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from straggler.replay import run_replay
+    from straggler.traces.loading import load_traces
+
+    traces = load_traces(
+        args.format,
+        args.trace,
+        checkpoint_seconds=args.checkpoint_seconds,
+        min_tasks=args.min_tasks,
+        max_jobs=args.max_jobs,
+        jobs=args.jobs,
+        seed=args.seed,
+    )
+    if not traces:
+        print("no job in the trace meets --min-tasks", file=sys.stderr)
+        return 1
+    interval = float(min(np.diff(t.checkpoints).min() if len(t.checkpoints) > 1 else 300.0 for t in traces))
+    summary = run_replay(
+        traces,
+        policy=args.policy,
+        out=args.out,
+        bootstrap=args.bootstrap,
+        method=args.method,
+        speed=args.speed,
+        seed=args.seed,
+        checkpoint_seconds=interval,
+    )
+    print((args.out / "report.md").read_text())
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _register_replay(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("replay", help="closed-loop replay of a trace through Kafka, with a report")
+    p.add_argument("--format", required=True, choices=["google-2011", "google-2011-usage", "synthetic"])
+    p.add_argument("--trace", type=Path, help="trace directory (not needed for synthetic)")
+    p.add_argument("--jobs", type=int, default=20, help="synthetic: number of jobs to generate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-jobs", type=int, default=None)
+    p.add_argument("--min-tasks", type=int, default=100)
+    p.add_argument(
+        "--checkpoint-seconds", type=float, default=None, help="default 300 (Google), 60 (synthetic)"
+    )
+    p.add_argument("--policy", default="unlimited", help="unlimited | limited:M | mantri")
+    p.add_argument("--method", default="nurd")
+    p.add_argument("--speed", type=float, default=0.0, help="1 = real time, 0 = as fast as possible")
+    p.add_argument("--bootstrap", default=None, help="an existing broker (default: start an embedded one)")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=_replay)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from consumers.cli import register as register_mitigate
     from pipeline.cli import register as register_worker
+    from producers.cli import register as register_produce
     from straggler.kafka.cli import register as register_kafka
 
     parser = argparse.ArgumentParser(prog="straggler", description=__doc__)
@@ -69,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     register_kafka(subparsers)
     _register_evaluate(subparsers)
     register_worker(subparsers)
+    register_produce(subparsers)
+    register_mitigate(subparsers)
+    _register_replay(subparsers)
     return parser
 
 

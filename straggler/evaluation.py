@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from straggler.core.metrics import confusion, f1_over_time, lead_time
-from straggler.core.online import OnlineJob
+from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method
 from straggler.core.scheduling import relaunch_latencies, simulate_relaunches
 from straggler.core.threshold import oracle_threshold
@@ -40,8 +40,8 @@ class EvaluationConfig:
     refit_growth: float = 0.25
 
 
-def flag_times(trace: JobTrace, method_name: str, config: EvaluationConfig) -> tuple[FloatArray, int]:
-    """When each task of ``trace`` was first flagged by ``method_name`` (NaN: never), and #decisions."""
+def replay_decisions(trace: JobTrace, method_name: str, config: EvaluationConfig) -> Iterator[list[Decision]]:
+    """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield each checkpoint's verdicts."""
     method = make_method(method_name, config.seed)
     latency = trace.latency
     scored = trace.scored
@@ -62,9 +62,6 @@ def flag_times(trace: JobTrace, method_name: str, config: EvaluationConfig) -> t
         candidates = np.flatnonzero(scored)
         granted = rng.choice(candidates, size=max(2, (2 * len(candidates)) // 3), replace=False)
         method.grant_labels(trace.finish_features[granted], latency[granted] >= oracle)
-    index = {task_id: i for i, task_id in enumerate(trace.task_ids)}
-    flagged = np.full(trace.n_tasks, np.nan)
-    decisions = 0
     ids = trace.task_ids
     for _k, t, finished, gone, running, features in trace.checkpoint_events():
         for i in finished:
@@ -73,11 +70,19 @@ def flag_times(trace: JobTrace, method_name: str, config: EvaluationConfig) -> t
             job.state.observe_gone(ids[i], trace.end[i])
         for row, i in enumerate(running):
             job.state.observe_running(ids[i], features[row], trace.start[i], t)
-        verdicts = job.checkpoint(t)
+        yield job.checkpoint(t)
+
+
+def flag_times(trace: JobTrace, method_name: str, config: EvaluationConfig) -> tuple[FloatArray, int]:
+    """When each task of ``trace`` was first flagged by ``method_name`` (NaN: never), and #decisions."""
+    index = {task_id: i for i, task_id in enumerate(trace.task_ids)}
+    flagged = np.full(trace.n_tasks, np.nan)
+    decisions = 0
+    for verdicts in replay_decisions(trace, method_name, config):
         decisions += len(verdicts)
         for d in verdicts:
             if d.is_straggler:
-                flagged[index[d.task_id]] = t
+                flagged[index[d.task_id]] = d.checkpoint_time
     return flagged, decisions
 
 

@@ -14,12 +14,22 @@ def make_job(
     signal: float = 1.0,
     interval: float = 10.0,
     job_id: str = "job-1",
+    slow_group: float = 0.0,
+    waves: int = 2,
+    wave_gap: float = 5.0,
 ) -> JobTrace:
-    """Tasks start in two waves; latency = exp(signal * x0 + noise); x0 is visible, x1 is noise."""
+    """Tasks start in two waves; latency = exp(signal * x0 + noise); x0 is visible, x1 is noise.
+
+    With ``slow_group`` > 0, that share of the tasks runs on slow machines: 3x longer, and their x1
+    (think cycles per instruction) is visibly high, as Mantri finds for bad machines.
+    """
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n_tasks, 2))
     latency = np.exp(3.0 + signal * x[:, 0] + 0.3 * rng.normal(size=n_tasks))
-    start = np.where(np.arange(n_tasks) < n_tasks // 2, 0.0, 5.0)
+    slow = rng.random(n_tasks) < slow_group
+    latency[slow] *= 3.0
+    x[slow, 1] += 4.0
+    start = wave_gap * (np.arange(n_tasks) * waves // n_tasks)
     end = start + latency
     checkpoints = checkpoint_grid(0.0, float(end.max()), interval)
     running_index = []

@@ -82,7 +82,7 @@ class Stream:
                 machine_id="m",
                 features={},
                 latency=latency,
-                start_time=at - latency,
+                start_time=max(0.0, at - latency),
             )
         )
 
@@ -212,7 +212,12 @@ def produce(bootstrap: str, records: Iterable[tuple[str, bytes, bytes | None]]) 
         produced.partition_of_job[(message.key() or b"").decode()] = partition
 
     for topic, key, value in records:
-        producer.produce(topic, value, key, on_delivery=delivered)
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=delivered)
+                break
+            except BufferError:  # local queue full: wait for deliveries
+                producer.poll(0.1)
         producer.poll(0)
     assert producer.flush(30) == 0
     assert errors == []
@@ -427,7 +432,7 @@ def test_mantri_restarts_only_when_remaining_exceeds_median_plus_interval(
     kafka_bootstrap: str, fresh_topic_prefix: str
 ) -> None:
     """Finished latencies 100, 200, 300 before 600 (median 200): restart iff remaining > 200 + 300. A
-    task finishing after 600 (latency 5000) must not enter the estimate at 600."""
+    task finishing after 600 (latency 600, median 250) must not enter the estimate at 600."""
     topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
     stream = Stream()
     stream.start("m", 8)
@@ -441,7 +446,7 @@ def test_mantri_restarts_only_when_remaining_exceeds_median_plus_interval(
         "n": (False, None, 200.0),  # no latency estimate: never
     }
     stream.checkpoint("m", 600.0, verdicts)
-    stream.finish("m", "late", 650.0, 5000.0)
+    stream.finish("m", "late", 650.0, 600.0)
     stream.checkpoint("cold", 600.0, {"w": (True, 10000.0, 100.0)})  # nothing finished: no estimate
     produce_stream(kafka_bootstrap, topics, stream)
 
@@ -596,6 +601,55 @@ def _cli_command() -> list[str]:
         return [sys.executable, "-c", entry]
 
 
+def _mitigate_command(bootstrap: str, policy: str, prefix: str) -> list[str]:
+    return [
+        *_cli_command(),
+        "mitigate",
+        "--bootstrap",
+        bootstrap,
+        "--policy",
+        policy,
+        "--topic-prefix",
+        prefix,
+        "--group",
+        prefix,
+        "--batch-size",
+        "20",
+    ]
+
+
+def _start_then_wait_for_a_command(
+    bootstrap: str, topics: TopicNames, command: list[str], stream: Stream, head: int
+) -> subprocess.Popen[str]:
+    """Produce the stream's first ``head`` events, start the CLI, return once a command is committed.
+
+    The rest of the stream is produced only after the caller has stopped this instance, so the stop
+    lands mid-stream whatever the machine's speed."""
+    produce_stream(bootstrap, topics, Stream(stream.events[:head]))
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not committed_commands(bootstrap, topics):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            _, err = process.communicate(timeout=30)
+            raise AssertionError(f"no command was committed; stderr: {err}")
+        time.sleep(0.2)
+    return process
+
+
+def _resume(
+    bootstrap: str, topics: TopicNames, command: list[str], stream: Stream, head: int
+) -> dict[str, int]:
+    """Produce the rest of the stream and run a new instance until it is idle; return its stats."""
+    produce_stream(bootstrap, topics, Stream(stream.events[head:]))
+    resumed = subprocess.run(
+        [*command, "--idle-timeout", str(IDLE_S)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    stats: dict[str, int] = orjson.loads(resumed.stdout.strip().splitlines()[-1])
+    return stats
+
+
 @pytest.mark.broker
 @pytest.mark.slow
 def test_sigkill_mid_stream_then_restart_is_exactly_once(
@@ -604,43 +658,44 @@ def test_sigkill_mid_stream_then_restart_is_exactly_once(
     policy = "limited:3"
     topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
     stream = random_stream(seed=3, jobs=40, tasks=40)
+    head = len(stream.events) * 3 // 5
     expected = set(ids(offline_commands(stream, policy, topics)))
-    produce_stream(kafka_bootstrap, topics, stream)
-    command = [
-        *_cli_command(),
-        "mitigate",
-        "--bootstrap",
-        kafka_bootstrap,
-        "--policy",
-        policy,
-        "--topic-prefix",
-        fresh_topic_prefix,
-        "--group",
-        fresh_topic_prefix,
-        "--batch-size",
-        "20",
-    ]
+    assert set(ids(offline_commands(Stream(stream.events[:head]), policy, topics))) < expected
+    command = _mitigate_command(kafka_bootstrap, policy, fresh_topic_prefix)
 
-    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while not committed_commands(kafka_bootstrap, topics):
-            assert first.poll() is None, "the consumer exited early"
-            assert time.monotonic() < deadline, "no command was committed"
-            time.sleep(0.2)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
-    at_kill = committed_commands(kafka_bootstrap, topics)
-    assert len(at_kill) < len(expected), "the kill should land mid-stream"
+    first = _start_then_wait_for_a_command(kafka_bootstrap, topics, command, stream, head)
+    first.send_signal(signal.SIGKILL)  # most likely inside a transaction: the next instance aborts it
+    first.communicate(timeout=30)
+    stats = _resume(kafka_bootstrap, topics, command, stream, head)
 
-    second = subprocess.run(
-        [*command, "--idle-timeout", str(IDLE_S)], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert second.returncode == 0, second.stderr
-    stats = orjson.loads(second.stdout.strip().splitlines()[-1])
     assert stats["rebuilt_records"] > 0
+    union = committed_commands(kafka_bootstrap, topics)
+    assert len(union) == len(set(ids(union))), "a command was committed twice"
+    assert set(ids(union)) == expected
 
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_sigterm_commits_and_leaves_then_a_restart_carries_on(
+    kafka_bootstrap: str, fresh_topic_prefix: str
+) -> None:
+    policy = "mantri"
+    topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
+    stream = random_stream(seed=4, jobs=30, tasks=30)
+    head = len(stream.events) * 3 // 5
+    expected = set(ids(offline_commands(stream, policy, topics)))
+    command = _mitigate_command(kafka_bootstrap, policy, fresh_topic_prefix)
+
+    first = _start_then_wait_for_a_command(kafka_bootstrap, topics, command, stream, head)
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    stopped = orjson.loads(out.strip().splitlines()[-1])
+    assert len(committed_commands(kafka_bootstrap, topics)) == stopped["commands"]
+    resumed = _resume(kafka_bootstrap, topics, command, stream, head)
+
+    assert resumed["rebuilt_records"] == stopped["consumed"]
+    assert stopped["consumed"] + resumed["consumed"] == len(stream.events)
     union = committed_commands(kafka_bootstrap, topics)
     assert len(union) == len(set(ids(union))), "a command was committed twice"
     assert set(ids(union)) == expected

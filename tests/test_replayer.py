@@ -176,6 +176,40 @@ def test_relaunch_draws_are_the_offline_evaluators() -> None:
     assert all(np.isfinite(draws))
 
 
+def test_simulated_commands_change_runs_and_extend_the_job() -> None:
+    trace = make_job(12, seed=3, interval=10.0, job_id="job-s")
+    sim = JobSimulation(trace, seed=0)
+    last = len(trace.checkpoints) - 1
+    for k, t in enumerate(trace.checkpoints[:-1]):
+        sim.step(k, float(t))
+    t_last = float(trace.checkpoints[last])
+    _, _, _, _, running, _ = sim.step(last, t_last)
+    assert len(running) == 0  # the trace's own grid ends once every task has ended
+    # Replay from the start with commands at the first checkpoint.
+    sim = JobSimulation(trace, seed=0)
+    t0 = float(trace.checkpoints[0])
+    _, _, _, _, running, features = sim.step(0, t0)
+    victim, copied, moved = (int(i) for i in running[:3])
+    done = int(np.flatnonzero(trace.end <= t0)[0])
+    assert sim.apply(relaunch(trace.job_id, trace.task_ids[done], t0), t0) == "task not running"
+    assert sim.apply(relaunch(trace.job_id, "no-such-task", t0), t0) == "unknown task"
+    assert sim.apply(relaunch(trace.job_id, trace.task_ids[victim], t0, "kill"), t0) is None
+    assert sim.apply(relaunch(trace.job_id, trace.task_ids[copied], t0, "duplicate"), t0) is None
+    assert sim.end[copied] == min(trace.end[copied], t0 + sim.new_latency(copied))
+    sim.new_latency(moved)
+    assert sim._draws is not None
+    sim._draws[moved] = t_last  # the new run outlasts the job's own checkpoints
+    assert sim.apply(relaunch(trace.job_id, trace.task_ids[moved], t0), t0) is None
+    assert (sim.attempt[moved], sim.start[moved], sim.end[moved]) == (1, t0, t0 + t_last)
+    added = sim.extend(t0, 10.0)
+    assert added and added[0] > trace.checkpoints[-1] and added[-1] >= t0 + t_last
+    assert np.allclose(np.diff([trace.checkpoints[-1], *added]), 10.0)
+    _, _, _, gone, running_1, features_1 = sim.step(1, float(trace.checkpoints[1]))
+    assert victim in gone and victim not in running_1 and sim.end[victim] == t0
+    # the new run reports the features observed at the relaunch, not the original run's later ones
+    assert np.array_equal(features_1[running_1 == moved][0], features[2])
+
+
 def test_duplicate_job_ids_are_refused() -> None:
     with pytest.raises(ValueError, match="unique"):
         TraceReplayer([make_job(5), make_job(5)], "127.0.0.1:1")

@@ -39,6 +39,12 @@ class CheckpointData:
     """Straggler threshold in force (oracle p90 or an online estimate), seconds."""
     expected_tasks: int
     """Task count announced at job start."""
+    at: float | None = None
+    """The checkpoint's time (None when a caller has no clock, e.g. a unit test of one fit)."""
+    finish_time: FloatArray | None = None
+    """(n_finished,) when each finished task finished: lets a method rewind to an earlier checkpoint."""
+    start_running: FloatArray | None = None
+    """(n_running,) when each running task started."""
 
     @property
     def n_finished(self) -> int:

@@ -44,7 +44,9 @@ from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerM
 from straggler.core.preprocessing import ObservedScaler, column_means, impute_like
 
 Weighting = Literal["none", "paper", "nc", "density"]
-Gate = Literal["none", "skill"]
+Gate = Literal["none", "skill", "backtest"]
+STRENGTHS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
+"""Candidate strengths of the density weight; the backtest picks one per job and refit."""
 
 
 def centroid_calibration(X_finished: FloatArray, X_running: FloatArray, alpha: float) -> float:
@@ -64,7 +66,7 @@ class Nurd(StragglerMethod):
     def __init__(
         self,
         weighting: Weighting = "density",
-        gate: Gate = "skill",
+        gate: Gate = "backtest",
         log_target: bool = True,
         balanced_propensity: bool = True,
         alpha: float = 0.5,
@@ -135,7 +137,7 @@ class Nurd(StragglerMethod):
         self.regressor_: xgb.XGBRegressor | None = None
         if len(y) >= 2 and float(np.var(y)) > 1e-12:
             self.regressor_ = self._regressor().fit(X_fin, y)
-        self.skill_ = self._skill(X_fin, y) if self.gate == "skill" else 1.0
+        self.skill_ = self._skill(X_fin, y) if self.gate in ("skill", "backtest") else 1.0
 
         self.propensity_: LogisticRegression | None = None
         if self.weighting != "none" and data.n_running > 0 and data.n_finished > 0:
@@ -147,15 +149,81 @@ class Nurd(StragglerMethod):
                 max_iter=300,
                 class_weight="balanced" if self.balanced_propensity else None,
             ).fit(X, labels)
+        self.strength_ = self.skill_ if self.gate == "skill" else 1.0
+        if self.gate == "backtest" and self.weighting == "density":
+            self.strength_ = self._backtest_strength(data)
         return self
 
-    # -- prediction ------------------------------------------------------------------------------
+    def _backtest_strength(self, data: CheckpointData) -> float:
+        """Pick the weight's strength that would have done best over this job's own past.
+
+        The job is rewound to the moments a quarter, a half and three quarters of today's finished
+        tasks had finished; at each, a model is refitted on what had finished then and every task
+        running then is judged with each candidate strength. As in the live protocol, a task flagged
+        at any of those moments stays flagged. A task counts as a straggler only once that is known
+        now (it finished at or over the threshold, or has already run that long); anything else counts
+        as a non-straggler, so flags not yet confirmed cost precision and the choice leans
+        conservative. A strength is admissible only if the flags it adds to strength 0 were mostly
+        right (at least two, precision >= 1/2: the break-even point at which an extra flag helps F1);
+        among admissible strengths the best F1 wins, a tie going to the weaker. Everything used is
+        known at this checkpoint.
+        """
+        if data.at is None or data.finish_time is None or data.start_running is None:
+            return 0.0
+        finish, latency = data.finish_time, data.latency_finished
+        if len(finish) < 12:
+            return 0.0
+        start_finished = finish - latency
+        truth = np.r_[latency >= data.threshold, data.at - data.start_running >= data.threshold]
+        flagged = np.zeros((len(STRENGTHS), len(truth)), dtype=bool)
+        judged = np.zeros(len(truth), dtype=bool)
+        ordered = np.sort(finish)
+        for share in (0.25, 0.5, 0.75):
+            rewind = float(ordered[int(share * len(finish)) - 1])
+            done_then = finish <= rewind
+            running_then = np.r_[~done_then & (start_finished <= rewind), data.start_running <= rewind]
+            if done_then.sum() < 3 or running_then.sum() < 3:
+                continue
+            starts = np.r_[start_finished, data.start_running][running_then]
+            past = CheckpointData(
+                X_finished=data.X_finished[done_then],
+                latency_finished=latency[done_then],
+                X_running=np.vstack([data.X_finished, data.X_running])[running_then],
+                elapsed_running=rewind - starts,
+                threshold=data.threshold,
+                expected_tasks=data.expected_tasks,
+                at=rewind,
+                finish_time=finish[done_then],
+                start_running=starts,
+            )
+            probe = Nurd(**{**self.get_params(), "gate": "skill"}).fit(past)
+            X = probe.scaler_.transform(past.X_running)
+            raw = probe._raw_latency(X)
+            ratio = np.clip(probe._density_ratio(X), self.eps, 1.0)
+            for row, strength in enumerate(STRENGTHS):
+                predicted = np.maximum(raw / ratio**strength, past.elapsed_running) >= data.threshold
+                flagged[row, running_then] |= predicted
+            judged |= running_then
+        if not (truth & judged).any():
+            return 0.0
+        base = flagged[0] & judged
+        best, best_f1 = 0.0, -1.0
+        for row, strength in enumerate(STRENGTHS):
+            hit = flagged[row] & judged
+            added = hit & ~base
+            if row > 0 and (np.sum(added & truth) < 2 or np.sum(added & truth) < np.sum(added & ~truth)):
+                continue  # the flags it adds were not mostly right: no evidence for this strength
+            f1 = 2 * np.sum(hit & truth) / max(int(hit.sum() + (truth & judged).sum()), 1)
+            if f1 > best_f1 + 1e-9:
+                best, best_f1 = strength, float(f1)
+        return best
+
     def _raw_latency(self, X: FloatArray) -> FloatArray:
         if self.regressor_ is None:
             pred = np.full(len(X), self.mean_target_)
         else:
             pred = self.regressor_.predict(X).astype(np.float64)
-            if self.gate == "skill":
+            if self.gate in ("skill", "backtest"):
                 pred = self.mean_target_ + self.skill_ * (pred - self.mean_target_)
         return np.exp(pred) if self.log_target else np.maximum(pred, 0.0)
 
@@ -168,8 +236,14 @@ class Nurd(StragglerMethod):
         if self.weighting == "paper":
             return np.clip(z + self.delta_, eps, 1.0)
         ratio = z / np.maximum(1.0 - z, 1e-12)
-        shrink = self.skill_ if self.gate == "skill" else 1.0
-        return 1.0 - shrink * (1.0 - np.clip(ratio, eps, 1.0))
+        return np.clip(ratio, eps, 1.0) ** self.strength_
+
+    def _density_ratio(self, X: FloatArray) -> FloatArray:
+        """z / (1 - z) of a class-balanced propensity: ~ p(x | finished) / p(x | running)."""
+        if self.propensity_ is None:
+            return np.ones(len(X))
+        z = self.propensity_.predict_proba(X)[:, 1]
+        return z / np.maximum(1.0 - z, 1e-12)
 
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
@@ -183,7 +257,11 @@ class Nurd(StragglerMethod):
 
     def diagnostics(self) -> dict[str, Any]:
         """Learned quantities worth logging with a model version."""
-        return {"delta": getattr(self, "delta_", None), "skill": getattr(self, "skill_", None)}
+        return {
+            "delta": getattr(self, "delta_", None),
+            "skill": getattr(self, "skill_", None),
+            "strength": getattr(self, "strength_", None),
+        }
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -90,12 +90,23 @@ class OnlineJob:
         """Evaluate the job at checkpoint time ``at``; returns one decision per evaluated task."""
         if not self.ready():
             return []
-        _, X_fin, y_fin = self.state.finished()
+        finished_ids, X_fin, y_fin = self.state.finished()
         ids, X_run, elapsed = self.state.running(at)
         threshold = self.threshold_at(y_fin, at)
         if not ids or not math.isfinite(threshold):
             return []
-        data = CheckpointData(X_fin, y_fin, X_run, elapsed, threshold, self.state.expected_tasks)
+        tasks = self.state.tasks
+        data = CheckpointData(
+            X_fin,
+            y_fin,
+            X_run,
+            elapsed,
+            threshold,
+            self.state.expected_tasks,
+            at=at,
+            finish_time=np.array([tasks[t].observed_at for t in finished_ids], dtype=np.float64),
+            start_running=np.array([tasks[t].start for t in ids], dtype=np.float64),
+        )
         if not self.calibrated:
             self.method.calibrate(data)
             self.calibrated = True

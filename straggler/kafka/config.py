@@ -12,13 +12,18 @@ ClientConfig = dict[str, str | int | float | bool]
 
 
 def producer_config(bootstrap: str, *, transactional_id: str | None = None) -> ClientConfig:
-    """An idempotent producer: no duplicates or reordering per partition on retries."""
+    """An idempotent producer: no duplicates or reordering per partition on retries.
+
+    The partitioner is murmur2, as in Java clients and aiokafka (Faust): a job id then maps to the
+    same partition number on every topic, whoever writes it, which keeps the topics co-partitioned.
+    """
     config: ClientConfig = {
         "bootstrap.servers": bootstrap,
         "acks": "all",
         "enable.idempotence": True,
         "linger.ms": 5,
         "compression.type": "lz4",
+        "partitioner": "murmur2_random",
     }
     if transactional_id is not None:
         config["transactional.id"] = transactional_id

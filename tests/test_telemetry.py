@@ -1,0 +1,150 @@
+"""The live-telemetry SDK against a real broker: what it sends round-trips, what is invalid never leaves."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from producers.telemetry import TelemetryProducer
+from schemas import Event, JobEvent, SchemaError, TaskCheckpoint, decode
+from straggler.kafka.config import consumer_config
+from straggler.kafka.names import TopicNames
+from straggler.kafka.topics import create_topics
+
+pytestmark = pytest.mark.broker
+
+READ_TIMEOUT_S = 60.0
+
+
+def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, Event]]:
+    """(key, event) of every record of ``topic``, partition by partition, in offset order."""
+    consumer = Consumer(
+        {**consumer_config(bootstrap, f"reader-{uuid.uuid4().hex}"), "enable.partition.eof": True}
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        records: list[tuple[int, int, bytes | None, Event]] = []
+        at_end: set[int] = set()
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while len(at_end) < len(partitions):
+            assert time.monotonic() < deadline, "topic not read to its end in time"
+            for message in consumer.consume(100, timeout=0.2):
+                partition, offset = message.partition(), message.offset()
+                assert partition is not None and offset is not None
+                error = message.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    at_end.add(partition)
+                    continue
+                key = message.key()
+                assert key is None or isinstance(key, bytes)
+                records.append((partition, offset, key, decode(message.value())))
+        return [(key, event) for _, _, key, event in sorted(records, key=lambda r: r[:2])]
+    finally:
+        consumer.close()
+
+
+def test_reports_round_trip_through_the_broker(kafka_bootstrap: str, fresh_topic_prefix: str) -> None:
+    create_topics(kafka_bootstrap, partitions=3, prefix=fresh_topic_prefix)
+    topics = TopicNames(fresh_topic_prefix)
+    with TelemetryProducer(kafka_bootstrap, topics=topics, source="test-sdk") as telemetry:
+        telemetry.start_job("live-1", expected_tasks=2, at=100.0)
+        telemetry.report(
+            "live-1", "a", {"cpu": np.float32(0.5), "mem": 2}, machine_id="m1", start_time=90.0, at=110.0
+        )
+        telemetry.report(
+            "live-1", "a", {"cpu": 0.25}, "finished", attempt=np.int64(1), latency=35.0, at=125.0
+        )
+        telemetry.report("live-1", "b", {}, "killed", at=126.0)
+        telemetry.end_job("live-1", at=130.0)
+    assert telemetry.delivered == 5
+
+    jobs = read_all(kafka_bootstrap, topics.job_events)
+    assert [key for key, _ in jobs] == [b"live-1", b"live-1"]
+    assert [event for _, event in jobs] == [
+        JobEvent(job_id="live-1", event="started", time=100.0, expected_tasks=2),
+        JobEvent(job_id="live-1", event="ended", time=130.0),
+    ]
+    tasks = read_all(kafka_bootstrap, topics.checkpoints)
+    assert [key for key, _ in tasks] == [b"live-1"] * 3
+    assert [event for _, event in tasks] == [
+        TaskCheckpoint(
+            job_id="live-1",
+            task_id="a",
+            attempt=0,
+            checkpoint_time=110.0,
+            status="running",
+            machine_id="m1",
+            features={"cpu": 0.5, "mem": 2.0},
+            start_time=90.0,
+            source="test-sdk",
+        ),
+        TaskCheckpoint(
+            job_id="live-1",
+            task_id="a",
+            attempt=1,
+            checkpoint_time=125.0,
+            status="finished",
+            machine_id="",
+            features={"cpu": 0.25},
+            latency=35.0,
+            source="test-sdk",
+        ),
+        TaskCheckpoint(
+            job_id="live-1",
+            task_id="b",
+            attempt=0,
+            checkpoint_time=126.0,
+            status="killed",
+            machine_id="",
+            features={},
+            source="test-sdk",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("features", "status", "extra", "field", "rule"),
+    [
+        ({"cpu": math.nan}, "running", {}, "task_checkpoint.features.cpu", "finite"),
+        ({"cpu": "high"}, "running", {}, "task_checkpoint.features.cpu", "type"),
+        ({"cpu": 0.5}, "finished", {"latency": -1.0}, "task_checkpoint.latency", "minimum"),
+        ({"cpu": 0.5}, "finished", {}, "task_checkpoint.latency", "required"),
+        ({"cpu": 0.5}, "running", {"latency": 3.0}, "task_checkpoint.latency", "type"),
+        ({"cpu": 0.5}, "running", {"attempt": -1}, "task_checkpoint.attempt", "minimum"),
+        ({"cpu": 0.5}, "done", {}, "task_checkpoint.status", "enum"),
+    ],
+)
+def test_an_invalid_report_raises_and_sends_nothing(
+    kafka_bootstrap: str,
+    fresh_topic_prefix: str,
+    features: dict[str, Any],
+    status: Any,
+    extra: dict[str, Any],
+    field: str,
+    rule: str,
+) -> None:
+    create_topics(kafka_bootstrap, partitions=2, prefix=fresh_topic_prefix)
+    topics = TopicNames(fresh_topic_prefix)
+    with TelemetryProducer(kafka_bootstrap, topics=topics) as telemetry:
+        with pytest.raises(SchemaError) as raised:
+            telemetry.report("live-2", "a", features, status, at=10.0, **extra)
+        assert (raised.value.field, raised.value.rule) == (field, rule)
+        assert telemetry.flush() == 0
+    assert telemetry.delivered == 0
+    assert read_all(kafka_bootstrap, topics.checkpoints) == []
+
+
+def test_closed_producer_refuses_reports(kafka_bootstrap: str, fresh_topic_prefix: str) -> None:
+    create_topics(kafka_bootstrap, partitions=1, prefix=fresh_topic_prefix)
+    telemetry = TelemetryProducer(kafka_bootstrap, topics=TopicNames(fresh_topic_prefix))
+    telemetry.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        telemetry.report("live-3", "a", {"cpu": 1.0})
