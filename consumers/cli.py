@@ -80,7 +80,9 @@ def _mitigate(args: argparse.Namespace) -> int:
         # The loop finishes (commits) the transaction in flight, then closes the consumer.
         stop.set()
 
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         stats = consumer.run(stop=stop, idle_timeout=args.idle_timeout)
     except KafkaException as exc:

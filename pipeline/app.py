@@ -95,11 +95,54 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
     )
 
 
+TABLES = ("tasks", "jobs", "models")
+
+
+def app_id(settings: WorkerSettings) -> str:
+    prefix = settings.topics.prefix.rstrip("-.")
+    return f"{settings.app_id}-{prefix}" if prefix else settings.app_id
+
+
+def changelog_topics(settings: WorkerSettings) -> list[str]:
+    """The tables' changelog topics, named as Faust names them."""
+    return [f"{app_id(settings)}-{table}-changelog" for table in TABLES]
+
+
+def create_changelog_topics(settings: WorkerSettings) -> list[str]:
+    """Create the changelogs (compacted, co-partitioned with the inputs) before Faust starts.
+
+    Faust declares them itself at start-up, but a first table write can race its metadata refresh
+    and fail with a partition mismatch; declaring them up front, like every other topic, avoids it.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    topics = [
+        NewTopic(
+            name,
+            num_partitions=settings.partitions,
+            replication_factor=1,
+            config={"cleanup.policy": "compact"},
+        )
+        for name in changelog_topics(settings)
+    ]
+    created = []
+    for name, future in admin.create_topics(topics, operation_timeout=30, request_timeout=30).items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return created
+
+
 def create_app(settings: WorkerSettings) -> faust.App:
     """Build the worker's App with its topics, tables, agent and timer."""
     names = settings.topics
     app = faust.App(
-        f"{settings.app_id}{'-' + names.prefix.rstrip('-.') if names.prefix else ''}",
+        app_id(settings),
         broker=f"kafka://{settings.bootstrap}",
         store="memory://",
         topic_partitions=settings.partitions,
@@ -135,7 +178,9 @@ def create_app(settings: WorkerSettings) -> faust.App:
         tasks, jobs, models, new_online_job(lambda: make_method(settings.method, settings.seed), protocol)
     )
     stats = AgentStats()
-    pending: dict[str, list[tuple[float, TaskCheckpoint]]] = defaultdict(list)
+    pending: dict[str, list[tuple[float, EventT, TaskCheckpoint | CheckpointBoundary]]] = defaultdict(list)
+    """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
+    separate topics, so Kafka does not order them against each other."""
     app.straggler_stats = stats  # type: ignore[attr-defined]
 
     async def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -153,12 +198,11 @@ def create_app(settings: WorkerSettings) -> faust.App:
         )
         await dead_letters.send(key=message.key, value=encode(letter))
 
-    def apply_task(event: TaskCheckpoint) -> bool:
-        """Feed one task event to its job; False when the job is unknown (not started yet)."""
+    def apply_task(event: TaskCheckpoint) -> None:
+        """Feed one task event to its (known) job."""
         meta = store.meta(event.job_id)
         job = store.job(event.job_id)
-        if meta is None or job is None:
-            return False
+        assert meta is not None and job is not None
         if not meta.feature_names:
             meta.feature_names = list(event.features)
             store.save_meta(event.job_id, meta)
@@ -180,7 +224,24 @@ def create_app(settings: WorkerSettings) -> faust.App:
             store.put_task(job, event.task_id)
         else:
             stats.ignored += 1
-        return True
+
+    async def apply_boundary(event: CheckpointBoundary) -> None:
+        meta = store.meta(event.job_id)
+        assert meta is not None
+        if event.origin == "timer":
+            if meta.live:
+                await evaluate(event.job_id, event.checkpoint_time, None)
+            return
+        if meta.live:  # a producer that did not say it sends boundaries does: no timer for this job
+            meta.live = False
+            store.save_meta(event.job_id, meta)
+        await evaluate(event.job_id, event.checkpoint_time, event.produced_at)
+
+    async def apply(event: TaskCheckpoint | CheckpointBoundary) -> None:
+        if isinstance(event, TaskCheckpoint):
+            apply_task(event)
+        else:
+            await apply_boundary(event)
 
     async def evaluate(job_id: str, at: float, boundary_produced_at: float | None) -> None:
         meta = store.meta(job_id)
@@ -218,36 +279,36 @@ def create_app(settings: WorkerSettings) -> faust.App:
             except SchemaError as error:
                 await dead_letter(event, error)
                 continue
+            try:
+                await handle(event, decoded)
+            except Exception as error:  # one bad event must not stop the agent
+                log.exception("failed on %s event of job %r", decoded.type, getattr(decoded, "job_id", None))
+                await dead_letter(event, f"internal error: {type(error).__name__}: {error}")
+
+    async def handle(event: EventT, decoded: object) -> None:
+        if isinstance(decoded, TaskCheckpoint | CheckpointBoundary):
             if isinstance(decoded, TaskCheckpoint):
                 stats.task_events += 1
-                if not apply_task(decoded):
-                    pending[decoded.job_id].append((time.monotonic(), decoded))
-            elif isinstance(decoded, CheckpointBoundary):
-                stats.boundaries += 1
-                meta = store.meta(decoded.job_id)
-                if meta is None:
-                    await dead_letter(event, f"checkpoint_boundary for unknown job {decoded.job_id!r}")
-                    continue
-                if decoded.origin == "timer":
-                    if meta.live:
-                        await evaluate(decoded.job_id, decoded.checkpoint_time, None)
-                    continue
-                if meta.live:  # the producer sends boundaries: no timer for this job any more
-                    meta.live = False
-                    store.save_meta(decoded.job_id, meta)
-                await evaluate(decoded.job_id, decoded.checkpoint_time, decoded.produced_at)
-            elif isinstance(decoded, JobEvent):
-                await handle_job_event(decoded)
-                for _, waiting in pending.pop(decoded.job_id, []):
-                    apply_task(waiting)
             else:
-                await dead_letter(event, f"unexpected {decoded.type} event on {event.message.topic}")
-            await expire_pending(event)
+                stats.boundaries += 1
+            if store.meta(decoded.job_id) is None or decoded.job_id in pending:
+                pending[decoded.job_id].append((time.monotonic(), event, decoded))
+            else:
+                await apply(decoded)
+        elif isinstance(decoded, JobEvent):
+            await handle_job_event(decoded)
+            if store.meta(decoded.job_id) is not None:
+                for _, _, waiting in pending.pop(decoded.job_id, []):
+                    await apply(waiting)
+        else:
+            kind = getattr(decoded, "type", type(decoded).__name__)
+            await dead_letter(event, f"unexpected {kind} event on {event.message.topic}")
 
     async def handle_job_event(event: JobEvent) -> None:
         if event.event == "started":
             assert event.expected_tasks is not None
-            store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=True)
+            live = not event.sends_boundaries
+            store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=live)
             return
         meta = store.meta(event.job_id)
         if meta is None:
@@ -259,22 +320,19 @@ def create_app(settings: WorkerSettings) -> faust.App:
             meta.ended_at = event.time
             store.save_meta(event.job_id, meta)
 
-    async def expire_pending(current: EventT) -> None:
+    @app.timer(interval=1.0)
+    async def expire_pending() -> None:
+        """Task events whose job never started go to dead letters once the grace period is over."""
         if not pending:
             return
         deadline = time.monotonic() - settings.pending_grace
         for job_id in [j for j, items in pending.items() if items and items[0][0] < deadline]:
-            for _, waiting in pending.pop(job_id):
-                stats.dead_letters += 1
-                letter = dead_letter_for(
-                    encode(waiting),
-                    names.checkpoints,
-                    -1,
-                    -1,
-                    f"task_checkpoint for unknown job {job_id!r}: no job_event 'started' within "
+            for _, event, _ in pending.pop(job_id):
+                await dead_letter(
+                    event,
+                    f"event for unknown job {job_id!r}: no job_event 'started' within "
                     f"{settings.pending_grace:.0f}s",
                 )
-                await dead_letters.send(key=job_id.encode(), value=encode(letter))
 
     @app.timer(interval=settings.live_interval)
     async def evaluate_live_jobs() -> None:

@@ -9,7 +9,7 @@ import logging
 def _worker(args: argparse.Namespace) -> int:
     from faust.worker import Worker
 
-    from pipeline.app import WorkerSettings, create_app
+    from pipeline.app import WorkerSettings, create_app, create_changelog_topics
     from straggler.kafka.names import TopicNames
 
     settings = WorkerSettings(
@@ -18,9 +18,11 @@ def _worker(args: argparse.Namespace) -> int:
         topics=TopicNames(args.topic_prefix),
         partitions=args.partitions,
         live_interval=args.live_interval,
+        pending_grace=args.pending_grace,
         seed=args.seed,
         datadir=args.datadir,
     )
+    create_changelog_topics(settings)
     app = create_app(settings)
     logging.basicConfig(level=args.loglevel.upper())
     worker = Worker(app, loglevel=args.loglevel, quiet=True)
@@ -36,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, default=8, help="must equal the input topics' partition count")
     p.add_argument(
         "--live-interval", type=float, default=30.0, help="seconds between evaluations of live jobs"
+    )
+    p.add_argument(
+        "--pending-grace",
+        type=float,
+        default=30.0,
+        help="seconds a task event may wait for its job's 'started' event before it is dead-lettered",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")

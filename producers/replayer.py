@@ -676,7 +676,14 @@ def _smallest_spacing(traces: Sequence[JobTrace]) -> float | None:
 def _started(trace: JobTrace) -> JobEvent:
     starts = trace.start[np.isfinite(trace.start)]
     first = float(starts.min()) if len(starts) else float(trace.checkpoints[0])
-    return JobEvent(job_id=trace.job_id, event="started", time=first, expected_tasks=trace.expected_tasks)
+    return JobEvent(
+        job_id=trace.job_id,
+        event="started",
+        time=first,
+        expected_tasks=trace.expected_tasks,
+        sends_boundaries=True,
+        feature_names=list(trace.feature_names),
+    )
 
 
 def _ended(trace: JobTrace, t: float) -> JobEvent:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 from types import TracebackType
 from typing import Any, Self, SupportsFloat, SupportsIndex
@@ -64,14 +64,28 @@ class TelemetryProducer:
         self._errors_raised = 0
         self._closed = False
 
-    def start_job(self, job_id: str, expected_tasks: int, *, at: float | None = None) -> None:
+    def start_job(
+        self,
+        job_id: str,
+        expected_tasks: int,
+        *,
+        feature_names: Sequence[str] | None = None,
+        at: float | None = None,
+    ) -> None:
         """Announce a job and how many tasks it will run (the agent's 4 % start rule counts on it).
 
+        ``feature_names`` fixes the order of the job's features for its models; without it the agent
+        takes the names of the job's first report, so a feature missing from that report is never used.
+        Live jobs send no checkpoint boundaries: the agent evaluates them on its timer.
         Waits until the announcement is delivered, so it is on the broker before any of the job's
         task reports (they go to another topic, with no ordering between topics otherwise).
         """
         event = JobEvent(
-            job_id=job_id, event="started", time=_now(at), expected_tasks=_int_or_value(expected_tasks)
+            job_id=job_id,
+            event="started",
+            time=_now(at),
+            expected_tasks=_int_or_value(expected_tasks),
+            feature_names=None if feature_names is None else list(feature_names),
         )
         self._send(self.topics.job_events, job_id, event)
         self.flush()

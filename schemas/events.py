@@ -92,6 +92,7 @@ class JobEvent(_EventBase):
     event: JobEventKind
     time: float
     expected_tasks: int | None = None
+    sends_boundaries: bool | None = None
     feature_names: list[str] | None = None
 
 

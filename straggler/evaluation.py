@@ -41,7 +41,7 @@ class EvaluationConfig:
 
 
 def replay_decisions(trace: JobTrace, method_name: str, config: EvaluationConfig) -> Iterator[list[Decision]]:
-    """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield each checkpoint's verdicts."""
+    """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
     method = make_method(method_name, config.seed)
     latency = trace.latency
     scored = trace.scored

@@ -84,6 +84,7 @@ SAMPLES: list[Event] = [
     STARTED,
     JobEvent(job_id="job-7", event="ended", time=900.0),
     JobEvent(job_id="job-7", event="started", time=1.0, expected_tasks=3, feature_names=["cpu", "io"]),
+    JobEvent(job_id="job-7", event="started", time=1.0, expected_tasks=3, sends_boundaries=True),
     JobEvent(job_id="job-7", event="ended", time=900.0, expected_tasks=40),
     CheckpointBoundary(job_id="job-7", checkpoint_time=120.0, checkpoint_index=3, produced_at=1.7e9),
     CheckpointBoundary(
