@@ -33,6 +33,7 @@ import uuid
 from bisect import insort
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -327,6 +328,8 @@ class _PipelineWatch:
         self.prediction_partitions = self._assign_at_end(self.predictions, topics.predictions)
         self.command_partitions = self._assign_at_end(self.commands, topics.commands)
         self.markers: dict[tuple[str, float], tuple[int, int]] = {}
+        self.boundaries: dict[tuple[str, float], tuple[int, int]] = {}
+        """(job, T) -> where its boundary landed on task-checkpoints, from the delivery report."""
         self.command_eof: dict[int, int] = {}
         self.undecodable = 0
 
@@ -353,30 +356,53 @@ class _PipelineWatch:
                 if partition is not None and offset is not None:
                     self.markers[(event.job_id, event.checkpoint_time)] = (partition, offset)
 
+    def record_boundary(self, job_id: str, t: float, message: Message) -> None:
+        partition, offset = message.partition(), message.offset()
+        if partition is not None and offset is not None:
+            self.boundaries[(job_id, t)] = (partition, offset)
+
+    def _committed(self, topic: str, partitions: set[int]) -> dict[int, int]:
+        committed = self.offsets.committed(
+            [TopicPartition(topic, p) for p in sorted(partitions)], timeout=FLUSH_TIMEOUT_SECONDS
+        )
+        return {tp.partition: tp.offset for tp in committed if tp.error is None}
+
     def wait_evaluated(self, t: float, jobs: Sequence[str], timeout: float) -> None:
-        """Return once every job's marker for ``t`` is read and the mitigator has committed past it."""
+        """Return once every job's marker for ``t`` is read and the mitigator has committed past it,
+        and past the job's boundary for ``t``.
+
+        The mitigation consumer acts on a checkpoint only once it has read both the agent's marker
+        and the job's own boundary (they are on different topics), and commits its input offsets in
+        the transaction that carries the commands: past both offsets, the commands are committed.
+        """
         waiting = set(jobs)
         deadline = time.monotonic() + timeout
         while True:
             self._read_markers()
             marked = {job: self.markers[(job, t)] for job in waiting if (job, t) in self.markers}
             if marked:
-                partitions = sorted({p for p, _ in marked.values()})
-                committed = self.offsets.committed(
-                    [TopicPartition(self.topics.predictions, p) for p in partitions],
-                    timeout=FLUSH_TIMEOUT_SECONDS,
+                on_predictions = self._committed(self.topics.predictions, {p for p, _ in marked.values()})
+                bounds = {job: self.boundaries.get((job, t), (-1, -1)) for job in marked}
+                on_checkpoints = self._committed(
+                    self.topics.checkpoints, {p for p, _ in bounds.values() if p >= 0}
                 )
-                position = {tp.partition: tp.offset for tp in committed if tp.error is None}
                 for job, (p, offset) in marked.items():
-                    if position.get(p, -1) > offset:
+                    bp, boffset = bounds[job]
+                    if (
+                        on_predictions.get(p, -1) > offset
+                        and bp >= 0
+                        and on_checkpoints.get(bp, -1) > boffset
+                    ):
                         waiting.discard(job)
                         del self.markers[(job, t)]
+                        self.boundaries.pop((job, t), None)
             if not waiting:
                 return
             if time.monotonic() > deadline:
                 why = {
                     job: (
-                        "mitigation consumer has not committed past the checkpoint_evaluated marker"
+                        "mitigation consumer has not committed past the checkpoint_evaluated marker "
+                        "and the job's checkpoint_boundary"
                         if (job, t) in self.markers
                         else "no checkpoint_evaluated marker from the agent"
                     )
@@ -411,6 +437,20 @@ class _PipelineWatch:
     def close(self) -> None:
         for consumer in (self.predictions, self.commands, self.offsets):
             consumer.close()
+
+
+def _record_boundary(
+    deliveries: DeliveryCounter,
+    watch: _PipelineWatch,
+    job_id: str,
+    t: float,
+    error: KafkaError | None,
+    message: Message,
+) -> None:
+    """Delivery report of a boundary: count it, and remember where it landed for the closed loop."""
+    deliveries(error, message)
+    if error is None:
+        watch.record_boundary(job_id, t, message)
 
 
 class TraceReplayer:
@@ -484,9 +524,13 @@ class TraceReplayer:
 
         def send(topic: str, job_id: str, event: Event) -> None:
             payload = encode(event)
+            callback: Callable[[KafkaError | None, Message], None] = deliveries
+            if watch is not None and isinstance(event, CheckpointBoundary):
+                callback = partial(_record_boundary, deliveries, watch, job_id, event.checkpoint_time)
+
             while True:
                 try:
-                    producer.produce(topic, payload, job_id.encode(), on_delivery=deliveries)
+                    producer.produce(topic, payload, job_id.encode(), on_delivery=callback)
                     break
                 except BufferError:  # local queue full: let deliveries drain it
                     producer.poll(0.1)

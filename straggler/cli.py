@@ -35,6 +35,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     if not traces:
         print("no job in the trace meets --min-tasks", file=sys.stderr)
         return 1
+    if args.drop_features:
+        dropped = [name.strip() for name in args.drop_features.split(",") if name.strip()]
+        traces = [trace.without_features(dropped) for trace in traces]
     config = EvaluationConfig(methods=methods, threshold=args.threshold, seed=args.seed)
     results = evaluate(traces, config, workers=args.workers)
     summary = summarise(results, config)
@@ -59,6 +62,7 @@ def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
         "--checkpoint-seconds", type=float, default=None, help="default 300 (Google), 60 (synthetic)"
     )
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
+    p.add_argument("--drop-features", default=None, help="comma-separated features to leave out (ablation)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_evaluate)
 

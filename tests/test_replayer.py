@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from jobs_for_tests import make_job
 
 from producers.replayer import (
@@ -345,13 +345,18 @@ class FakePipeline(threading.Thread):
                         continue
                     event = decode(message.value())
                     if isinstance(event, CheckpointBoundary):
-                        self._answer(event, agent, mitigator, committer)
+                        self._answer(event, message, agent, mitigator, committer)
         finally:
             boundaries.close()
             committer.close()
 
     def _answer(
-        self, boundary: CheckpointBoundary, agent: Producer, mitigator: Producer, committer: Consumer
+        self,
+        boundary: CheckpointBoundary,
+        boundary_message: Message,
+        agent: Producer,
+        mitigator: Producer,
+        committer: Consumer,
     ) -> None:
         marker = CheckpointEvaluated(
             job_id=boundary.job_id,
@@ -379,8 +384,15 @@ class FakePipeline(threading.Thread):
             for command in commands:
                 mitigator.produce(self.topics.commands, encode(command), command.job_id.encode())
             mitigator.commit_transaction(30)
+        # like the real consumer: committed past both the marker and the job's boundary
         committer.commit(
-            offsets=[TopicPartition(self.topics.predictions, partition, offset + 1)], asynchronous=False
+            offsets=[
+                TopicPartition(self.topics.predictions, partition, offset + 1),
+                TopicPartition(
+                    self.topics.checkpoints, boundary_message.partition(), boundary_message.offset() + 1
+                ),
+            ],
+            asynchronous=False,
         )
         self.markers += 1
 

@@ -15,8 +15,8 @@ Honesty contract, which every loader must keep:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -85,6 +85,20 @@ class JobTrace:
             raise ValueError(f"finish_features has shape {self.finish_features.shape}")
         if not (len(self.checkpoints) == len(self.running_index) == len(self.running_features)):
             raise ValueError("checkpoints, running_index and running_features differ in length")
+
+    def without_features(self, dropped: Collection[str]) -> JobTrace:
+        """The same job with some features removed (for ablations); unknown names raise KeyError."""
+        unknown = set(dropped) - set(self.feature_names)
+        if unknown:
+            names = ", ".join(self.feature_names)
+            raise KeyError(f"job {self.job_id} has no feature(s) {sorted(unknown)}; it has {names}")
+        keep = [i for i, name in enumerate(self.feature_names) if name not in dropped]
+        return replace(
+            self,
+            feature_names=tuple(self.feature_names[i] for i in keep),
+            running_features=[X[:, keep] for X in self.running_features],
+            finish_features=self.finish_features[:, keep],
+        )
 
     @property
     def n_tasks(self) -> int:
