@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The main job: set everything up, then replay the bundled real Google 2011 sample through a real
+# (embedded) Apache Kafka broker with the closed loop on, and print the report.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+out="${1:-runs/demo}"
+.venv/bin/straggler replay \
+    --format google-2011 --trace data/google-2011-sample \
+    --checkpoint-seconds 60 --policy unlimited \
+    --out "$out"
+echo
+echo "report: $out/report.md  summary: $out/summary.json  logs: $out/worker.log, $out/mitigator.log"
