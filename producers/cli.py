@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 import orjson
+
+from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -27,15 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="broker address (default: $KAFKA_BOOTSTRAP_SERVERS, else the running embedded broker, "
         "else 127.0.0.1:9092)",
     )
-    p.add_argument("--format", required=True, choices=["google-2011", "google-2011-usage", "synthetic"])
-    p.add_argument("--trace", type=Path, default=None, help="trace directory (not needed for synthetic)")
-    p.add_argument("--jobs", type=int, default=20, help="synthetic: number of jobs to generate")
-    p.add_argument("--seed", type=int, default=0, help="synthetic jobs and relaunch draws")
-    p.add_argument("--max-jobs", type=int, default=None, help="replay only the N largest jobs")
-    p.add_argument("--min-tasks", type=int, default=100)
-    p.add_argument(
-        "--checkpoint-seconds", type=float, default=None, help="default 300 (Google), 60 (synthetic)"
-    )
+    add_trace_arguments(p)
     p.add_argument(
         "--speed",
         type=float,
@@ -62,19 +55,9 @@ def _produce(args: argparse.Namespace) -> int:
     from producers.replayer import TraceReplayer
     from straggler.kafka.cli import default_bootstrap
     from straggler.kafka.names import TopicNames
-    from straggler.traces.loading import load_traces
 
     try:
-        traces = load_traces(
-            args.format,
-            args.trace,
-            checkpoint_seconds=args.checkpoint_seconds,
-            min_tasks=args.min_tasks,
-            max_jobs=args.max_jobs,
-            jobs=args.jobs,
-            seed=args.seed,
-            progress=not args.quiet,
-        )
+        traces = load_traces_from_args(args, progress=not args.quiet)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -11,27 +11,20 @@ from pathlib import Path
 
 import numpy as np
 
+from straggler.traces.loading import add_trace_arguments, load_traces_from_args
+
 
 def _evaluate(args: argparse.Namespace) -> int:
     from straggler.core.registry import DEFAULT_METHODS, method_names
     from straggler.evaluation import EvaluationConfig, evaluate, summarise
     from straggler.report import markdown_table, write_report
-    from straggler.traces.loading import load_traces
 
     methods = tuple(args.methods.split(",")) if args.methods else DEFAULT_METHODS
     unknown = sorted(set(methods) - set(method_names()))
     if unknown:
         print(f"unknown method(s): {', '.join(unknown)}; known: {', '.join(method_names())}", file=sys.stderr)
         return 2
-    traces = load_traces(
-        args.format,
-        args.trace,
-        checkpoint_seconds=args.checkpoint_seconds,
-        min_tasks=args.min_tasks,
-        max_jobs=args.max_jobs,
-        jobs=args.jobs,
-        seed=args.seed,
-    )
+    traces = load_traces_from_args(args)
     if not traces:
         print("no job in the trace meets --min-tasks", file=sys.stderr)
         return 1
@@ -50,17 +43,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("evaluate", help="offline evaluation of straggler methods on a trace")
-    p.add_argument("--format", required=True, choices=["google-2011", "google-2011-usage", "synthetic"])
-    p.add_argument("--trace", type=Path, help="trace directory (not needed for synthetic)")
-    p.add_argument("--jobs", type=int, default=20, help="synthetic: number of jobs to generate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-jobs", type=int, default=None, help="evaluate only the N largest jobs")
-    p.add_argument("--min-tasks", type=int, default=100)
+    add_trace_arguments(p)
     p.add_argument("--methods", default=None, help="comma-separated (default: NURD variants and baselines)")
     p.add_argument("--threshold", choices=["oracle", "online"], default="oracle")
-    p.add_argument(
-        "--checkpoint-seconds", type=float, default=None, help="default 300 (Google), 60 (synthetic)"
-    )
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     p.add_argument("--drop-features", default=None, help="comma-separated features to leave out (ablation)")
     p.add_argument("--out", type=Path, required=True)
@@ -69,17 +54,8 @@ def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     from straggler.replay import run_replay
-    from straggler.traces.loading import load_traces
 
-    traces = load_traces(
-        args.format,
-        args.trace,
-        checkpoint_seconds=args.checkpoint_seconds,
-        min_tasks=args.min_tasks,
-        max_jobs=args.max_jobs,
-        jobs=args.jobs,
-        seed=args.seed,
-    )
+    traces = load_traces_from_args(args)
     if not traces:
         print("no job in the trace meets --min-tasks", file=sys.stderr)
         return 1
@@ -101,15 +77,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _register_replay(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="closed-loop replay of a trace through Kafka, with a report")
-    p.add_argument("--format", required=True, choices=["google-2011", "google-2011-usage", "synthetic"])
-    p.add_argument("--trace", type=Path, help="trace directory (not needed for synthetic)")
-    p.add_argument("--jobs", type=int, default=20, help="synthetic: number of jobs to generate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-jobs", type=int, default=None)
-    p.add_argument("--min-tasks", type=int, default=100)
-    p.add_argument(
-        "--checkpoint-seconds", type=float, default=None, help="default 300 (Google), 60 (synthetic)"
-    )
+    add_trace_arguments(p)
     p.add_argument("--policy", default="unlimited", help="unlimited | limited:M | mantri")
     p.add_argument("--method", default="nurd")
     p.add_argument("--speed", type=float, default=0.0, help="1 = real time, 0 = as fast as possible")

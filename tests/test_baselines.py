@@ -12,14 +12,13 @@ from scipy import optimize, stats
 
 from straggler.core.baselines import (
     BASELINES,
-    Standardiser,
     _tobit_objective,
     breslow_baseline,
     conditional_log_median,
-    impute_like,
 )
 from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
 from straggler.core.outliers import OUTLIER_DETECTORS
+from straggler.core.preprocessing import Standardiser, impute_like
 
 HAS_PYOD = importlib.util.find_spec("pyod") is not None
 needs_pyod = pytest.mark.skipif(

@@ -41,7 +41,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
 from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
-from straggler.core.preprocessing import ObservedScaler, column_means, impute_like
+from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
 
 Weighting = Literal["none", "paper", "nc", "density"]
 Gate = Literal["none", "skill", "backtest"]
@@ -51,8 +51,8 @@ STRENGTHS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 
 def centroid_calibration(X_finished: FloatArray, X_running: FloatArray, alpha: float) -> float:
     """The paper's delta = 1 / (1 + rho) - alpha, rho = ||c_fin||^2 / ||c_run - c_fin||^2 (raw features)."""
-    c_fin = column_means(X_finished)
-    c_run = column_means(X_running) if len(X_running) else c_fin
+    c_fin = nan_column_means(X_finished)
+    c_run = nan_column_means(X_running) if len(X_running) else c_fin
     gap = float(np.sum((c_run - c_fin) ** 2))
     rho = float(np.sum(c_fin**2)) / gap if gap > 0 else np.inf
     return 1.0 / (1.0 + rho) - alpha
@@ -130,7 +130,8 @@ class Nurd(StragglerMethod):
     def fit(self, data: CheckpointData) -> Self:
         if not hasattr(self, "delta_"):
             self.calibrate(data)
-        self.scaler_ = ObservedScaler().fit(data.X_finished, data.X_running)
+        observed = np.vstack([data.X_finished, data.X_running])
+        self.scaler_ = Standardiser.learn(observed, observed)
         X_fin = self.scaler_.transform(data.X_finished)
         y = self._target(data.latency_finished)
         self.mean_target_ = float(np.mean(y)) if len(y) else 0.0

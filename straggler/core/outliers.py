@@ -31,8 +31,9 @@ from typing import Any, ClassVar, Self
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
-from straggler.core.baselines import Standardiser, reactive_scores
+from straggler.core.baselines import reactive_scores
 from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.preprocessing import Standardiser
 
 _MISSING_PYOD = "the outlier-detection baselines need PyOD: pip install 'straggler-stream[outliers]'"
 

@@ -1,52 +1,70 @@
 """Feature preparation that uses only what a checkpoint has observed.
 
-Online honesty starts here: imputation and scaling statistics come from the finished and running
-tasks visible at the checkpoint, never from a job's final values.
+Online honesty starts here: imputation and scaling statistics come from the tasks a method is given
+at a checkpoint (finished, and running where a method says so), never from a job's final values.
 """
 
 from __future__ import annotations
 
-import warnings
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
 FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
 
 
-def column_means(X: FloatArray) -> FloatArray:
-    """NaN-ignoring column means; 0 for a column with no value at all."""
-    if X.size == 0:
-        return np.zeros(X.shape[1] if X.ndim == 2 else 0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns are handled below
-        means = np.nanmean(X, axis=0)
-    return np.where(np.isfinite(means), means, 0.0)
+def nan_column_means(X_ref: FloatArray) -> FloatArray:
+    """Column means over the finite entries of ``X_ref``; 0 where a column has none."""
+    X_ref = np.asarray(X_ref, dtype=np.float64)
+    finite = np.isfinite(X_ref)
+    counts = finite.sum(axis=0)
+    sums = np.where(finite, X_ref, 0.0).sum(axis=0)
+    return np.divide(sums, counts, out=np.zeros(X_ref.shape[1]), where=counts > 0)
 
 
-def impute_like(reference: FloatArray, X: FloatArray) -> FloatArray:
-    """Replace NaN in ``X`` with the column means of ``reference`` (the observed data)."""
-    if not np.isnan(X).any():
-        return X
-    means = column_means(reference)
-    return np.where(np.isnan(X), means[np.newaxis, :], X)
+def fill_missing(X: FloatArray, values: FloatArray) -> FloatArray:
+    """A copy of ``X`` with non-finite entries replaced by the column's value in ``values``."""
+    X = np.array(X, dtype=np.float64, copy=True)
+    missing = ~np.isfinite(X)
+    if missing.any():
+        X[missing] = np.broadcast_to(values, X.shape)[missing]
+    return X
 
 
-class ObservedScaler:
-    """Standardise with the mean and spread of the tasks observed at one checkpoint.
+def impute_like(X_ref: FloatArray, X: FloatArray) -> FloatArray:
+    """``X`` with missing entries filled by ``X_ref``'s column means (0 where ``X_ref`` has none)."""
+    return fill_missing(X, nan_column_means(X_ref))
 
-    Fitted on finished and running features together (what the checkpoint shows); constant
-    columns get unit spread so they stay constant instead of becoming NaN.
+
+@dataclass(frozen=True)
+class Standardiser:
+    """Imputation values and z-scaling learned from the data a method was given, frozen for predict.
+
+    Kept as learned state so a model refit at checkpoint k scores checkpoint k+1 with checkpoint k's
+    statistics, never with statistics of data it was not trained on.
     """
 
-    def fit(self, *blocks: FloatArray) -> ObservedScaler:
-        stacked = np.vstack([b for b in blocks if len(b)]) if any(len(b) for b in blocks) else blocks[0]
-        self.mean_ = column_means(stacked)
-        filled = np.where(np.isnan(stacked), self.mean_, stacked) if stacked.size else stacked
-        std = filled.std(axis=0) if filled.size else np.ones_like(self.mean_)
-        self.scale_ = np.where(std > 1e-12, std, 1.0)
-        return self
+    fill: FloatArray
+    center: FloatArray
+    scale: FloatArray
+    varying: BoolArray
+    """Columns with spread in the scaling data (a constant column carries no information)."""
+
+    @classmethod
+    def learn(cls, X_impute_ref: FloatArray, X_scale_ref: FloatArray | None = None) -> Standardiser:
+        """Fill values from ``X_impute_ref`` (the finished tasks); centre and scale from
+        ``X_scale_ref`` (default: the same rows) after filling."""
+        fill = nan_column_means(X_impute_ref)
+        Z = fill_missing(X_impute_ref if X_scale_ref is None else X_scale_ref, fill)
+        if len(Z) == 0:
+            d = len(fill)
+            return cls(fill=fill, center=np.zeros(d), scale=np.ones(d), varying=np.zeros(d, dtype=bool))
+        center = Z.mean(axis=0)
+        spread = Z.std(axis=0)
+        varying = np.asarray(spread > 1e-12 * np.maximum(1.0, np.abs(center)), dtype=bool)
+        return cls(fill=fill, center=center, scale=np.where(varying, spread, 1.0), varying=varying)
 
     def transform(self, X: FloatArray) -> FloatArray:
-        filled = np.where(np.isnan(X), self.mean_, X)
-        return (filled - self.mean_) / self.scale_
+        return (fill_missing(X, self.fill) - self.center) / self.scale

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Literal
 
@@ -59,3 +60,32 @@ def load_traces(
         )
         return traces[:max_jobs] if max_jobs else traces
     raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every command that reads a trace shares (evaluate, replay, produce)."""
+    parser.add_argument("--format", required=True, choices=FORMATS)
+    parser.add_argument("--trace", type=Path, default=None, help="trace directory (not needed for synthetic)")
+    parser.add_argument("--jobs", type=int, default=20, help="synthetic: number of jobs to generate")
+    parser.add_argument("--seed", type=int, default=0, help="synthetic jobs, relaunch draws, model seeds")
+    parser.add_argument("--max-jobs", type=int, default=None, help="only the N largest jobs")
+    parser.add_argument(
+        "--min-tasks", type=int, default=100, help="jobs with fewer finished tasks are left out"
+    )
+    parser.add_argument(
+        "--checkpoint-seconds", type=float, default=None, help="default 300 (Google) / 60 (synthetic)"
+    )
+
+
+def load_traces_from_args(args: argparse.Namespace, *, progress: bool = True) -> list[JobTrace]:
+    """`load_traces` with the options of `add_trace_arguments`."""
+    return load_traces(
+        args.format,
+        args.trace,
+        checkpoint_seconds=args.checkpoint_seconds,
+        min_tasks=args.min_tasks,
+        max_jobs=args.max_jobs,
+        jobs=args.jobs,
+        seed=args.seed,
+        progress=progress,
+    )
