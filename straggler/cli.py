@@ -31,7 +31,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.drop_features:
         dropped = [name.strip() for name in args.drop_features.split(",") if name.strip()]
         traces = [trace.without_features(dropped) for trace in traces]
-    config = EvaluationConfig(methods=methods, threshold=args.threshold, seed=args.seed)
+    config = EvaluationConfig(
+        methods=methods, threshold=args.threshold, seed=args.seed, refit_growth=args.refit_growth
+    )
     results = evaluate(traces, config, workers=args.workers)
     summary = summarise(results, config)
     command = "straggler " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -46,6 +48,12 @@ def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     add_trace_arguments(p)
     p.add_argument("--methods", default=None, help="comma-separated (default: NURD variants and baselines)")
     p.add_argument("--threshold", choices=["oracle", "online"], default="oracle")
+    p.add_argument(
+        "--refit-growth",
+        type=float,
+        default=0.25,
+        help="refit when the finished set grew by this fraction (0: at every checkpoint)",
+    )
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     p.add_argument("--drop-features", default=None, help="comma-separated features to leave out (ablation)")
     p.add_argument("--out", type=Path, required=True)
