@@ -13,22 +13,26 @@ One class, four presets (see `PRESETS`):
                 per job at the first prediction checkpoint (Algorithm 1, lines 4-6).
 ``nurd-nc``     the same code with calibration off: w = max(eps, min(z, 1)).
 ``gbtr``        the same regressor with no reweighting: w = 1.
-``nurd``        the variant this project ships. Two measured failures of the literal formula drive it
-                (docs/results.md has the numbers):
+``nurd``        the variant this project ships. Measured failures of the literal formula drive each
+                change (docs/results.md has the numbers):
                 - with 4 % of a job finished, an unbalanced propensity is ~n_fin/n for every running
                   task, so w sits at eps and every prediction is inflated ~20x (flag-everything). The
                   propensity is fitted class-balanced and turned into a density ratio
-                  r = z / (1 - z) ~= p(x | finished) / p(x | running), so w = min(r, 1) is ~1 for a
-                  running task that looks like the finished ones, whatever the class sizes.
+                  r = z / (1 - z) ~= p(x | finished) / p(x | running): ~1 for a running task that looks
+                  like the finished ones, whatever the class sizes.
                 - the centroid calibration depends on the origin and scale of the features. It is
-                  replaced by a scale-free gate g in [0, 1], the out-of-fold skill (R^2 of log latency)
-                  of the regressor on the finished tasks: w = 1 - g * (1 - max(eps, min(r, 1))), and
-                  the regressor's own prediction is shrunk toward the finished mean by the same g. A
-                  job whose features explain nothing (g = 0) gets no inflation at all, so noise cannot
-                  push predictions over the threshold; NURD then falls back to the elapsed-time floor
-                  the job driver applies, i.e. the reactive rule. The gate is re-measured at each refit
-                  (the paper calibrates once); this is a deviation, measured in docs/results.md.
-                The regressor is fitted on log latency (latencies are heavy-tailed).
+                  replaced by a per-job calibration of the weight's strength: w = max(eps, min(r, 1))**s,
+                  with s chosen by backtesting on the job's own past (`_backtest_strength`): rewind to
+                  earlier checkpoints, refit, and keep the s that would have flagged best, admitting
+                  s > 0 only when the extra flags it raises were mostly right. Where the features carry
+                  no signal, s = 0 and nothing is inflated. The strength is re-chosen at every refit
+                  (the paper calibrates once), because evidence only exists once some stragglers are
+                  confirmed.
+                - the regressor is fitted on log latency (latencies are heavy-tailed) and shrunk toward
+                  the finished tasks' mean by its out-of-fold skill (R^2 in [0, 1]), so a model that
+                  explains nothing cannot push predictions over the threshold by noise.
+                With no signal NURD thus reduces to the elapsed-time floor the job driver applies: the
+                reactive rule.
 """
 
 from __future__ import annotations
