@@ -101,6 +101,11 @@ COMMITTED_TIMEOUT_S = 60.0
 """Longest wait for the group's committed offsets (they wait for a pending transaction to finish)."""
 TXN_RETRIES = 5
 """Retries of a retriable ``send_offsets_to_transaction``/``commit_transaction`` before aborting."""
+TXN_CALL_TIMEOUT_S = 15.0
+"""Longest a transactional call may block. librdkafka's default is to wait forever: after a broker
+restart, ``send_offsets_to_transaction`` with the group metadata of a session that has meanwhile timed
+out never returned. A timeout is retriable; when the retries are spent the batch is aborted and
+rewound (so a restart of the broker costs a redo of the batch, never a hung consumer)."""
 
 
 @dataclass
@@ -134,6 +139,8 @@ class _Job:
     """(time, task, latency) of finishes the policy has not been told about yet."""
     ended_at: float | None = None
     issued: set[str] = field(default_factory=set)
+    finished_runs: set[tuple[str, int]] = field(default_factory=set)
+    """(task, attempt) of every finish seen: producers may repeat events (at least once)."""
 
 
 class MitigationState:
@@ -222,7 +229,10 @@ class MitigationState:
         if job is None:
             return []
         if event.status == "finished" and event.latency is not None:
-            job.finishes.append((event.checkpoint_time, event.task_id, event.latency))
+            run = (event.task_id, event.attempt)
+            if run not in job.finished_runs:  # a repeated finish must not count twice (Mantri's median)
+                job.finished_runs.add(run)
+                job.finishes.append((event.checkpoint_time, event.task_id, event.latency))
         if event.status == "running":
             return self._advance(event.job_id, job, event.checkpoint_time, partition)
         return []
@@ -431,7 +441,7 @@ class MitigationConsumer:
                     else:
                         self._produce(producer, self.topics.dead_letters, message.key(), encode(output))
             _retrying(lambda: self._send_offsets(producer, consumer))
-            _retrying(producer.commit_transaction)
+            _retrying(lambda: producer.commit_transaction(TXN_CALL_TIMEOUT_S))
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             abortable = isinstance(error, KafkaError) and (error.txn_requires_abort() or error.retriable())
@@ -439,7 +449,7 @@ class MitigationConsumer:
                 _abort_quietly(producer)
                 raise
             log.warning("aborting transaction: %s", error)
-            producer.abort_transaction()
+            _retrying(lambda: producer.abort_transaction(TXN_CALL_TIMEOUT_S))
             self._stats.aborts += 1
             self._rewind(consumer)
             return
@@ -464,7 +474,9 @@ class MitigationConsumer:
     def _send_offsets(self, producer: Producer, consumer: Consumer) -> None:
         """Put the consumer's positions in the transaction (partitions it has not read are skipped)."""
         positions = consumer.position(consumer.assignment())
-        producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata())
+        producer.send_offsets_to_transaction(
+            positions, consumer.consumer_group_metadata(), TXN_CALL_TIMEOUT_S
+        )
 
     @staticmethod
     def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes) -> None:

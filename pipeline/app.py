@@ -96,6 +96,8 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
 
 
 TABLES = ("tasks", "jobs", "models")
+SESSION_TIMEOUT_S = 10.0
+"""How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
 
 
 def app_id(settings: WorkerSettings) -> str:
@@ -152,6 +154,12 @@ def create_app(settings: WorkerSettings) -> faust.App:
         web_enabled=False,
         producer_acks=-1,
         broker_commit_interval=1.0,
+        broker_session_timeout=SESSION_TIMEOUT_S,
+        # No standby replicas: the memory store drops the rows of every partition that is not active
+        # at the end of a recovery, while Faust's recovery remembers how far it read that partition as
+        # a standby; a worker taking the partition over then skips the changelog and misses its jobs.
+        # Without standbys it reads the whole changelog partition when it takes one over.
+        table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         datadir=settings.datadir,
     )
@@ -159,14 +167,28 @@ def create_app(settings: WorkerSettings) -> faust.App:
     predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
     dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
     boundaries = app.topic(names.checkpoints, key_type=bytes, value_type=bytes)
+    # Rows are bytes we encode ourselves: without key_type/value_type=bytes Faust writes them raw but
+    # decodes the changelog as JSON on recovery, and a restarted worker never finishes recovering.
     tasks = app.Table(
-        "tasks", partitions=settings.partitions, help="one row per task: latest state of each task"
+        "tasks",
+        partitions=settings.partitions,
+        key_type=bytes,
+        value_type=bytes,
+        help="one row per task: latest state of each task",
     )
     jobs = app.Table(
-        "jobs", partitions=settings.partitions, help="one row per job: protocol state and model version"
+        "jobs",
+        partitions=settings.partitions,
+        key_type=bytes,
+        value_type=bytes,
+        help="one row per job: protocol state and model version",
     )
     models = app.Table(
-        "models", partitions=settings.partitions, help="each job's fitted method, at every refit"
+        "models",
+        partitions=settings.partitions,
+        key_type=bytes,
+        value_type=bytes,
+        help="each job's fitted method, at every refit",
     )
 
     protocol = {

@@ -35,12 +35,19 @@ def markdown_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _colours(names: list[str]) -> dict[str, Any]:
+    """One distinct colour per method, however many there are (the default cycle has ten)."""
+    palette = plt.get_cmap("tab20")
+    return {name: palette(i % 20) for i, name in enumerate(names)}
+
+
 def plot_f1_over_time(summary: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
+    colours = _colours(list(summary["methods"]))
     for name, m in summary["methods"].items():
         series = m["f1_over_time"]
         xs = [(i + 1) / len(series) for i in range(len(series))]
-        ax.plot(xs, series, marker="o", label=name)
+        ax.plot(xs, series, marker="o", label=name, color=colours[name])
     ax.set_xlabel("normalised job time")
     ax.set_ylabel("F1 of flags raised so far")
     ax.set_title(f"F1 over time ({summary['threshold']} threshold, {summary['jobs']} jobs)")

@@ -16,7 +16,8 @@ One class, four presets (see `PRESETS`):
 ``nurd``        the variant this project ships. Measured failures of the literal formula drive each
                 change (docs/results.md has the numbers):
                 - with 4 % of a job finished, an unbalanced propensity is ~n_fin/n for every running
-                  task, so w sits at eps and every prediction is inflated ~20x (flag-everything). The
+                  task, so w sits at eps and every prediction is inflated ~20x (FPR 0.90 on synthetic
+                  telemetry, 0.10-0.43 on the real trace). The
                   propensity is fitted class-balanced and turned into a density ratio
                   r = z / (1 - z) ~= p(x | finished) / p(x | running): ~1 for a running task that looks
                   like the finished ones, whatever the class sizes.

@@ -1,0 +1,917 @@
+"""Fault scenarios against a real broker: crashes, restarts, a broker outage, bad input, duplicates.
+
+Each scenario runs the real processes (``straggler worker``, ``straggler mitigate``) as children,
+injects one kind of fault in the middle of a replay, and then compares what reached the output topics
+with what the offline evaluator decides for the same traces:
+
+- decisions: the first straggler flag per task, ``(job, task, checkpoint)``, must equal
+  `straggler.evaluation.replay_decisions`'s; repeated predictions after a restart are allowed (the
+  agent is at least once) but two verdicts for the same ``(job, task, checkpoint)`` are not;
+- commands: every command id `Unlimited` issues offline must be on ``relaunch-commands``
+  (``read_committed``) exactly once.
+
+Why one module: ``tests/test_faults.py`` asserts on these results and ``bench/faults.py`` prints them,
+so the fault logic exists once. Every wait is bounded in time and every loop in count; everything
+binds to 127.0.0.1 (the broker is the caller's, or an embedded one on loopback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from producers.replayer import (
+    JobSimulation,
+    ReplayResult,
+    TraceReplayer,
+    _ended,
+    _started,
+    replay_producer_config,
+)
+from schemas import (
+    CheckpointBoundary,
+    CheckpointEvaluated,
+    DeadLetter,
+    Event,
+    JobEvent,
+    Prediction,
+    RelaunchCommand,
+    SchemaError,
+    TaskCheckpoint,
+    command_id,
+    decode,
+    encode,
+)
+from straggler.core.policies import Unlimited
+from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.kafka.config import consumer_config
+from straggler.kafka.names import TopicNames
+from straggler.kafka.topics import create_topics
+from straggler.replay import read_topic
+from straggler.traces.jobtrace import JobTrace
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINT_SECONDS = 10.0
+"""`make_job`'s checkpoint interval (the mitigator's horizon; `Unlimited` does not use it)."""
+PENDING_GRACE_S = 3.0
+SETTLE_TIMEOUT_S = 240.0
+"""Longest wait for the pipeline to emit every expected marker and command after the last fault."""
+PROGRESS_TIMEOUT_S = 180.0
+"""Longest wait for a stage to show progress (first marker, first command) before a fault."""
+STOP_TIMEOUT_S = 30.0
+POLL_S = 0.25
+
+Outgoing = tuple[str, str, bytes]
+"""``(topic, key, value)`` of one record to produce."""
+
+
+# ------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class ScenarioResult:
+    """What one scenario measured; ``ok`` when nothing was lost, duplicated, changed or crashed."""
+
+    name: str
+    events_in: int = 0
+    faults: int = 0
+    commands_expected: int = 0
+    commands_delivered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    """Commands the offline policy does not issue (a changed decision reached the mitigator)."""
+    dead_letters: int = 0
+    recovery_seconds: float = math.nan
+    crashed: int = 0
+    decisions_expected: int = 0
+    decisions_missing: int = 0
+    decisions_extra: int = 0
+    conflicting: int = 0
+    """(job, task, checkpoint) with both a True and a False verdict."""
+    markers_missing: int = 0
+    bad_events: int = 0
+    bad_not_dead_lettered: int = 0
+    bad_wrong_reason: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def decisions_equal(self) -> bool:
+        return not (self.decisions_missing or self.decisions_extra or self.conflicting)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.decisions_equal
+            and not (self.lost or self.duplicated or self.unexpected or self.crashed)
+            and not (self.markers_missing or self.bad_not_dead_lettered or self.bad_wrong_reason)
+        )
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big a run is: jobs, tasks per job, bad events in the bad-input scenario."""
+
+    jobs: int = 3
+    tasks: int = 150
+    bad_events: int = 1000
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(jobs=3, tasks=150, bad_events=1000)
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls(jobs=4, tasks=250, bad_events=10_000)
+
+
+def make_traces(sizes: Sizes, tag: str) -> list[JobTrace]:
+    """Small synthetic jobs (`tests/jobs_for_tests.make_job`), with stragglers and a slow machine group."""
+    tests_dir = str(REPO / "tests")
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    from jobs_for_tests import make_job
+
+    return [
+        make_job(
+            sizes.tasks + 50 * (i % 3),
+            seed=100 + i,
+            job_id=f"{tag}-job{i}",
+            signal=0.5,
+            slow_group=0.1 if i % 2 else 0.0,
+            waves=2 + i % 3,
+        )
+        for i in range(sizes.jobs)
+    ]
+
+
+# ------------------------------------------------------------------------------ what to expect
+
+
+@dataclass(frozen=True)
+class Expectation:
+    flags: frozenset[tuple[str, str, float]]
+    """(job, task, checkpoint) of each task's first straggler flag, offline."""
+    commands: frozenset[str]
+    markers: frozenset[tuple[str, float]]
+
+
+def offline_expectation(traces: Sequence[JobTrace]) -> Expectation:
+    """The offline evaluator's flags and the `Unlimited` policy's commands for the same traces."""
+    config = EvaluationConfig(methods=("nurd",), threshold="online")
+    flags: set[tuple[str, str, float]] = set()
+    commands: set[str] = set()
+    policy = Unlimited()
+    for trace in traces:
+        for verdicts in replay_decisions(trace, "nurd", config):
+            flags |= {(d.job_id, d.task_id, d.checkpoint_time) for d in verdicts if d.is_straggler}
+            if verdicts:
+                for action in policy.on_checkpoint(trace.job_id, verdicts[0].checkpoint_time, verdicts):
+                    commands.add(
+                        command_id(action.job_id, action.task_id, action.action, action.decision_key)
+                    )
+    markers = {(t.job_id, float(c)) for t in traces for c in t.checkpoints}
+    return Expectation(frozenset(flags), frozenset(commands), frozenset(markers))
+
+
+# --------------------------------------------------------------------------- the input stream
+
+
+def stream_events(traces: Sequence[JobTrace], topics: TopicNames) -> list[Outgoing]:
+    """The records an open-loop `TraceReplayer` would produce, in its order, as a list.
+
+    Built with the replayer's own event code (so the stream is the same), but held in memory so a
+    scenario can cut it where it wants, interleave bad records or repeat records.
+    """
+    records: list[Outgoing] = []
+    sims = [JobSimulation(trace, 0) for trace in traces]
+    steps = [trace.checkpoint_events() for trace in traces]
+    instants = sorted({float(t) for trace in traces for t in trace.checkpoints})
+    scratch = ReplayResult(0, 0, len(traces), 0, 0.0)
+    replayer = TraceReplayer(traces, "127.0.0.1:0", topics=topics, progress=False)  # never connects
+
+    def send(topic: str, job_id: str, event: Event) -> None:
+        records.append((topic, job_id, encode(event)))
+
+    for t in instants:
+        for j, trace in enumerate(traces):
+            checkpoints = [float(c) for c in trace.checkpoints]
+            if t not in checkpoints:
+                continue
+            k = checkpoints.index(t)
+            if k == 0:
+                send(topics.job_events, trace.job_id, _started(trace))
+            replayer._publish_checkpoint(sims[j], next(steps[j]), send, scratch)
+            if k == len(checkpoints) - 1:
+                send(topics.job_events, trace.job_id, _ended(trace, t))
+    return records
+
+
+def is_boundary(record: Outgoing) -> bool:
+    return b'"checkpoint_boundary"' in record[2]
+
+
+class Publisher:
+    """An idempotent producer (the replayer's configuration) that remembers where records landed."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.producer = Producer(replay_producer_config(bootstrap))
+        self.placed: list[tuple[str, int, int]] = []
+        self.failed = 0
+
+    def publish(self, records: Sequence[Outgoing]) -> list[tuple[str, int, int]]:
+        """Produce ``records`` in order and wait for them; return their (topic, partition, offset)."""
+        placed: list[tuple[str, int, int] | None] = [None] * len(records)
+
+        def report(i: int) -> Callable[[KafkaError | None, Message], None]:
+            def on_delivery(error: KafkaError | None, message: Message) -> None:
+                if error is not None:
+                    self.failed += 1
+                    return
+                placed[i] = (message.topic() or "", message.partition() or 0, message.offset() or 0)
+
+            return on_delivery
+
+        for i, (topic, key, value) in enumerate(records):
+            for _ in range(10_000):
+                try:
+                    self.producer.produce(topic, value, key.encode(), on_delivery=report(i))
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+            if i % 1000 == 0:
+                self.producer.poll(0)
+        remaining = self.producer.flush(120)
+        if remaining:
+            raise RuntimeError(f"{remaining} records undelivered after 120 s")
+        done = [p for p in placed if p is not None]
+        self.placed += done
+        return [p if p is not None else ("", -1, -1) for p in placed]
+
+
+# ------------------------------------------------------------------------------- the processes
+
+
+class Processes:
+    """The pipeline's child processes; counts those that died without being told to."""
+
+    def __init__(self, bootstrap: str, topics: TopicNames, workdir: Path) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.workdir = workdir
+        self.group = f"{topics.prefix}mitigation"
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.crashed: list[str] = []
+        self._logs: list[Path] = []
+        self._starts: Counter[str] = Counter()
+
+    def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+        self._starts[name] += 1
+        log_path = self.workdir / f"{name}.{self._starts[name]}.log"
+        self._logs.append(log_path)
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "straggler.cli", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
+            )
+        self.running[name] = process
+        return process
+
+    def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
+        """A Faust worker; the same ``name`` reuses the same data directory (a restart)."""
+        return self._spawn(
+            name,
+            [
+                "worker",
+                "--bootstrap",
+                self.bootstrap,
+                "--topic-prefix",
+                self.topics.prefix,
+                "--datadir",
+                str(self.workdir / f"faust-{name}"),
+                "--pending-grace",
+                str(PENDING_GRACE_S),
+                "--loglevel",
+                "info",
+            ],
+        )
+
+    def start_mitigator(self, name: str = "mitigator") -> subprocess.Popen[bytes]:
+        return self._spawn(
+            name,
+            [
+                "mitigate",
+                "--bootstrap",
+                self.bootstrap,
+                "--topic-prefix",
+                self.topics.prefix,
+                "--policy",
+                "unlimited",
+                "--group",
+                self.group,
+                "--checkpoint-seconds",
+                str(CHECKPOINT_SECONDS),
+                "--batch-size",
+                "200",
+                "--verbose",
+            ],
+        )
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        """Send ``sig`` to one child (a fault we inject, not a crash) and wait for it to exit."""
+        process = self.running.pop(name)
+        process.send_signal(sig)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_TIMEOUT_S)
+
+    def check_alive(self) -> None:
+        for name, process in list(self.running.items()):
+            if process.poll() is not None:
+                self.crashed.append(f"{name} exited with {process.returncode}")
+                del self.running[name]
+
+    def close(self) -> None:
+        self.check_alive()
+        for name in list(self.running):
+            self.signal(name, signal.SIGTERM)
+
+    def log_tail(self, lines: int = 15) -> str:
+        out = []
+        for path in self._logs:
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- watching outputs
+
+
+class Watch:
+    """Incremental readers of the markers (predictions topic) and committed commands."""
+
+    def __init__(self, bootstrap: str, topics: TopicNames) -> None:
+        group = f"fault-watch-{uuid.uuid4().hex[:8]}"
+        self.markers: set[tuple[str, float]] = set()
+        self.commands: list[str] = []
+        self._predictions = self._reader(bootstrap, group, topics.predictions)
+        self._commands = self._reader(bootstrap, group, topics.commands)
+
+    @staticmethod
+    def _reader(bootstrap: str, group: str, topic: str) -> Consumer:
+        consumer = Consumer(consumer_config(bootstrap, group, read_committed=True))
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        return consumer
+
+    def poll(self) -> None:
+        for message in self._predictions.consume(num_messages=5000, timeout=POLL_S):
+            if message.error() is None and b'"checkpoint_evaluated"' in (message.value() or b""):
+                with contextlib.suppress(SchemaError):
+                    event = decode(message.value())
+                    if isinstance(event, CheckpointEvaluated):
+                        self.markers.add((event.job_id, event.checkpoint_time))
+        for message in self._commands.consume(num_messages=5000, timeout=POLL_S):
+            if message.error() is None:
+                with contextlib.suppress(SchemaError):
+                    event = decode(message.value())
+                    if isinstance(event, RelaunchCommand):
+                        self.commands.append(event.command_id)
+
+    def wait(self, done: Callable[[], bool], timeout: float, processes: Processes | None = None) -> float:
+        """Poll until ``done()`` (bounded by ``timeout``); return the seconds it took (NaN: timed out)."""
+        started = time.monotonic()
+        for _ in range(int(timeout / POLL_S) + 1):
+            self.poll()
+            if done():
+                return time.monotonic() - started
+            if processes is not None:
+                processes.check_alive()
+            if time.monotonic() - started > timeout:
+                break
+        return math.nan
+
+    def close(self) -> None:
+        self._predictions.close()
+        self._commands.close()
+
+
+# --------------------------------------------------------------------------------- verification
+
+
+def verify(
+    result: ScenarioResult,
+    bootstrap: str,
+    topics: TopicNames,
+    expectation: Expectation,
+    watch: Watch,
+    processes: Processes,
+    jobs: set[str],
+) -> list[DeadLetter]:
+    """Wait (bounded) for every expected marker and command, count what differs; return the dead letters."""
+    watch.wait(
+        lambda: expectation.markers <= watch.markers and expectation.commands <= set(watch.commands),
+        SETTLE_TIMEOUT_S,
+        processes,
+    )
+    watch.poll()
+    predictions: list[Prediction] = []
+    letters: list[DeadLetter] = []
+    for topic in (topics.predictions, topics.dead_letters):
+        for value in read_topic(bootstrap, topic, timeout=60.0):
+            with contextlib.suppress(SchemaError):
+                event = decode(value)
+                if isinstance(event, Prediction) and event.job_id in jobs:
+                    predictions.append(event)
+                elif isinstance(event, DeadLetter):
+                    letters.append(event)
+    verdicts: dict[tuple[str, str, float], set[bool]] = {}
+    for p in predictions:
+        verdicts.setdefault((p.job_id, p.task_id, p.checkpoint_time), set()).add(p.is_straggler)
+    first: dict[tuple[str, str], float] = {}
+    for (job, task, at), seen in verdicts.items():
+        if True in seen and at < first.get((job, task), math.inf):
+            first[(job, task)] = at
+    flags = {(job, task, at) for (job, task), at in first.items()}
+    result.conflicting = sum(1 for seen in verdicts.values() if len(seen) > 1)
+    result.decisions_expected = len(expectation.flags)
+    result.decisions_missing = len(expectation.flags - flags)
+    result.decisions_extra = len(flags - expectation.flags)
+    result.markers_missing = len(expectation.markers - watch.markers)
+    counts = Counter(watch.commands)
+    result.commands_expected = len(expectation.commands)
+    result.commands_delivered = sum(counts.values())
+    result.lost = len(expectation.commands - set(counts))
+    result.duplicated = sum(n - 1 for n in counts.values() if n > 1)
+    result.unexpected = len(set(counts) - expectation.commands)
+    result.dead_letters = len(letters)
+    if letters:
+        why = Counter(letter.error.split(";")[0][:70] for letter in letters)
+        result.notes.append(
+            "dead letters: " + "; ".join(f"{n}x {reason}" for reason, n in why.most_common(4))
+        )
+    processes.check_alive()
+    result.crashed = len(processes.crashed)
+    result.notes += processes.crashed
+    if not result.ok:
+        result.notes.append("logs:\n" + processes.log_tail())
+    return letters
+
+
+@contextlib.contextmanager
+def pipeline_run(
+    name: str, bootstrap: str, workdir: Path, sizes: Sizes
+) -> Iterator[tuple[ScenarioResult, TopicNames, list[JobTrace], Expectation, Processes, Watch]]:
+    """Fresh topics and traces for one scenario; stops its processes and readers at the end."""
+    token = uuid.uuid4().hex[:6]
+    topics = TopicNames(f"fault-{name}-{token}-")
+    create_topics(bootstrap, prefix=topics.prefix)
+    traces = make_traces(sizes, f"{name}-{token}")
+    expectation = offline_expectation(traces)
+    scenario_dir = workdir / f"{name}-{token}"
+    scenario_dir.mkdir(parents=True, exist_ok=True)
+    processes = Processes(bootstrap, topics, scenario_dir)
+    watch = Watch(bootstrap, topics)
+    result = ScenarioResult(name)
+    try:
+        yield result, topics, traces, expectation, processes, watch
+    finally:
+        processes.close()
+        watch.close()
+
+
+def _head_and_tail(records: list[Outgoing], fraction: float) -> tuple[list[Outgoing], list[Outgoing]]:
+    """Cut the stream right after the boundary that completes ``fraction`` of all boundaries."""
+    boundaries = [i for i, record in enumerate(records) if is_boundary(record)]
+    cut = boundaries[max(0, int(len(boundaries) * fraction) - 1)] + 1
+    return records[:cut], records[cut:]
+
+
+def _committed_inputs(bootstrap: str, group: str, topics: TopicNames) -> int:
+    """How many input records ``group`` has committed (summed over the partitions)."""
+    consumer = Consumer(consumer_config(bootstrap, group))
+    try:
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in (topics.checkpoints, topics.job_events)
+            for p in consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        ]
+        return sum(max(tp.offset, 0) for tp in consumer.committed(partitions, timeout=30))
+    finally:
+        consumer.close()
+
+
+def _marked_in(records: Sequence[Outgoing]) -> set[tuple[str, float]]:
+    found = set()
+    for _, _, value in records:
+        if b'"checkpoint_boundary"' in value:
+            event = decode(value)
+            assert isinstance(event, CheckpointBoundary)
+            found.add((event.job_id, event.checkpoint_time))
+    return found
+
+
+def _first_command(watch: Watch, processes: Processes) -> float:
+    """Seconds until one more committed command appears than there is now (NaN: none in time)."""
+    before = len(watch.commands)
+    return watch.wait(lambda: len(watch.commands) > before, PROGRESS_TIMEOUT_S, processes)
+
+
+def _every_job_progresses(watch: Watch, processes: Processes, traces: Sequence[JobTrace]) -> float:
+    """Seconds until every job has a checkpoint evaluated after now, or has none left (NaN: not in time).
+
+    Counting every job, not the first marker, times the slowest path: after a worker left, the jobs
+    it owned move last."""
+
+    def latest() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for job, at in watch.markers:
+            out[job] = max(out.get(job, -math.inf), at)
+        return out
+
+    watch.poll()
+    before = latest()
+    last = {t.job_id: float(t.checkpoints[-1]) for t in traces}
+
+    def moved() -> bool:
+        now = latest()
+        return all(now.get(j, -math.inf) > before.get(j, -math.inf) or before.get(j) == last[j] for j in last)
+
+    return watch.wait(moved, PROGRESS_TIMEOUT_S, processes)
+
+
+# ------------------------------------------------------------------------------------ scenarios
+
+
+def worker_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """SIGKILL the Faust worker while it works through a replay; restart it on the same data dir."""
+    from pipeline.app import WorkerSettings, app_id
+
+    with pipeline_run("worker-kill", bootstrap, workdir, sizes) as (
+        result,
+        topics,
+        traces,
+        exp,
+        procs,
+        watch,
+    ):
+        records = stream_events(traces, topics)
+        result.events_in = len(records)
+        head, tail = _head_and_tail(records, 0.6)
+        head_markers = _marked_in(head)
+        procs.start_mitigator()
+        procs.start_worker()
+        publisher = Publisher(bootstrap)
+        publisher.publish(head)
+        goal = max(1, len(head_markers) // 2)
+        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs)
+        evaluated = len(watch.markers)
+        procs.signal("worker", signal.SIGKILL)
+        result.faults += 1
+        group = app_id(WorkerSettings(bootstrap=bootstrap, topics=topics))
+        result.notes.append(
+            f"killed after {evaluated}/{len(exp.markers)} checkpoints evaluated; the restart resumes at "
+            f"committed input {_committed_inputs(bootstrap, group, topics)}/{len(records)}"
+        )
+        publisher.publish(tail)
+        procs.start_worker()
+        result.recovery_seconds = _every_job_progresses(watch, procs, traces)
+        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
+        return result
+
+
+def mitigator_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """SIGKILL the mitigation consumer once it has committed commands; restart it in the same group."""
+    with pipeline_run("mitigator-kill", bootstrap, workdir, sizes) as (
+        result,
+        topics,
+        traces,
+        exp,
+        procs,
+        watch,
+    ):
+        records = stream_events(traces, topics)
+        result.events_in = len(records)
+        head, tail = _head_and_tail(records, 0.6)
+        procs.start_worker()
+        procs.start_mitigator()
+        publisher = Publisher(bootstrap)
+        publisher.publish(head)
+        watch.wait(lambda: len(watch.commands) > 0, PROGRESS_TIMEOUT_S, procs)
+        result.notes.append(f"killed after {len(watch.commands)}/{len(exp.commands)} commands committed")
+        procs.signal("mitigator", signal.SIGKILL)
+        result.faults += 1
+        publisher.publish(tail)
+        procs.start_mitigator()
+        result.recovery_seconds = _first_command(watch, procs)
+        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
+        return result
+
+
+def broker_restart(workdir: Path, sizes: Sizes, outage_seconds: float = 3.0) -> ScenarioResult:
+    """Stop the (embedded) broker mid-replay and start it again on the same data dir and port."""
+    from straggler.kafka.embedded import EmbeddedKafka, free_port
+
+    broker = EmbeddedKafka(port=free_port(), data_dir=workdir / "broker-restart", die_with_parent=True)
+    bootstrap = broker.start()
+    try:
+        with pipeline_run("broker-restart", bootstrap, workdir, sizes) as (
+            result,
+            topics,
+            traces,
+            exp,
+            procs,
+            watch,
+        ):
+            procs.start_worker()
+            procs.start_mitigator()
+            span = max(float(t.checkpoints[-1]) for t in traces)
+            replayer = TraceReplayer(traces, bootstrap, topics=topics, speed=span / 20.0, progress=False)
+            replay: dict[str, ReplayResult | BaseException] = {}
+
+            def run_replay() -> None:
+                try:
+                    replay["result"] = replayer.run()
+                except BaseException as error:  # reported below, not lost in the thread
+                    replay["error"] = error
+
+            thread = threading.Thread(target=run_replay, name="replay", daemon=True)
+            thread.start()
+            goal = max(1, len(exp.markers) // 5)
+            watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs)
+            result.notes.append(f"broker stopped after {len(watch.markers)}/{len(exp.markers)} checkpoints")
+            broker.stop()
+            result.faults += 1
+            time.sleep(outage_seconds)
+            restarted = broker.start()
+            if restarted != bootstrap:
+                result.notes.append(f"broker came back on {restarted}, not {bootstrap}")
+            result.recovery_seconds = _every_job_progresses(watch, procs, traces)
+            thread.join(SETTLE_TIMEOUT_S)
+            outcome = replay.get("result")
+            if isinstance(outcome, ReplayResult):
+                result.events_in = outcome.events_produced
+                if outcome.delivery_failures:
+                    result.notes.append(f"replayer: {outcome.delivery_failures} delivery failures")
+                    result.lost += outcome.delivery_failures
+            else:
+                result.notes.append(f"replayer failed: {replay.get('error', 'did not finish in time')!r}")
+                result.crashed += 1
+            verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
+            result.crashed += 0 if isinstance(outcome, ReplayResult) else 1
+            return result
+    finally:
+        broker.stop()
+
+
+BAD_KINDS = (
+    "not-json",
+    "truncated",
+    "wrong-type",
+    "missing-field",
+    "unknown-version",
+    "nan-latency",
+    "negative-latency",
+    "huge",
+    "unknown-job",
+)
+BAD_REASON = {
+    "not-json": "(json)",
+    "truncated": "(json)",
+    "wrong-type": "(type)",
+    "missing-field": "(required)",
+    "unknown-version": "(version)",
+    "nan-latency": "(json)",
+    "negative-latency": "(minimum)",
+    "huge": "(maxSize)",
+    "unknown-job": "unknown job",
+}
+"""What each kind's dead letter must say (the rule `schemas.SchemaError` names, or the agent's reason)."""
+
+
+def bad_record(kind: str, i: int, job_id: str, topics: TopicNames) -> Outgoing:
+    """One bad record of ``kind``; keyed by a real job so it shares that job's partitions."""
+    valid = {
+        "type": "task_checkpoint",
+        "schema_version": 1,
+        "job_id": job_id,
+        "task_id": f"bad{i}",
+        "attempt": 0,
+        "checkpoint_time": 1.0,
+        "status": "finished",
+        "machine_id": "m0",
+        "features": {"x0": 0.5},
+        "latency": 12.0,
+    }
+    payload: bytes
+    if kind == "not-json":
+        payload = b"\x00garbage " + str(i).encode()
+    elif kind == "truncated":
+        payload = orjson.dumps(valid)[: 20 + i % 40]
+    elif kind == "wrong-type":
+        payload = orjson.dumps({**valid, "checkpoint_time": "soon"})
+    elif kind == "missing-field":
+        payload = orjson.dumps({k: v for k, v in valid.items() if k != "status"})
+    elif kind == "unknown-version":
+        payload = orjson.dumps({**valid, "schema_version": 7})
+    elif kind == "nan-latency":
+        payload = orjson.dumps(valid).replace(b'"latency":12.0', b'"latency":NaN')
+    elif kind == "negative-latency":
+        payload = orjson.dumps({**valid, "latency": -3.0})
+    elif kind == "huge":
+        payload = orjson.dumps({**valid, "machine_id": "m" * (70 * 1024)})
+    elif kind == "unknown-job":
+        ghost = f"ghost-{i}"
+        return (
+            topics.checkpoints,
+            ghost,
+            orjson.dumps({**valid, "job_id": ghost, "status": "running", "latency": None}),
+        )
+    else:
+        raise ValueError(kind)
+    topic = topics.job_events if i % 10 == 0 and kind != "huge" else topics.checkpoints
+    return topic, job_id, payload
+
+
+def bad_input(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """Interleave ``sizes.bad_events`` bad records with a valid replay: all dead-lettered, nothing changed."""
+    with pipeline_run("bad-input", bootstrap, workdir, sizes) as (result, topics, traces, exp, procs, watch):
+        records = stream_events(traces, topics)
+        jobs = [t.job_id for t in traces]
+        bad = [
+            bad_record(BAD_KINDS[i % len(BAD_KINDS)], i, jobs[i % len(jobs)], topics)
+            for i in range(sizes.bad_events)
+        ]
+        after: dict[int, list[int]] = {}
+        for b in range(len(bad)):
+            after.setdefault(b * len(records) // len(bad), []).append(b)
+        mixed: list[Outgoing] = []
+        kinds: list[str | None] = []
+        for n, record in enumerate(records):
+            mixed.append(record)
+            kinds.append(None)
+            for b in after.get(n, []):
+                mixed.append(bad[b])
+                kinds.append(BAD_KINDS[b % len(BAD_KINDS)])
+        result.events_in = len(mixed)
+        result.bad_events = result.faults = len(bad)
+        procs.start_worker()
+        procs.start_mitigator()
+        placed = Publisher(bootstrap).publish(mixed)
+        verify(result, bootstrap, topics, exp, watch, procs, set(jobs))
+        ghosts = [p for p, kind in zip(placed, kinds, strict=True) if kind == "unknown-job"]
+        ghost_wait = watch.wait(lambda: _lettered(bootstrap, topics, ghosts), PROGRESS_TIMEOUT_S, procs)
+        if math.isnan(ghost_wait):
+            result.notes.append("unknown-job events not all dead-lettered in time")
+        letters = [
+            e
+            for e in (decode(v) for v in read_topic(bootstrap, topics.dead_letters, timeout=60.0))
+            if isinstance(e, DeadLetter)
+        ]
+        result.dead_letters = len(letters)
+        reasons: dict[tuple[str, int, int], list[str]] = {}
+        for letter in letters:
+            reasons.setdefault(
+                (letter.source_topic, letter.source_partition, letter.source_offset), []
+            ).append(letter.error)
+        for where, kind in zip(placed, kinds, strict=True):
+            if kind is None:
+                continue
+            found = reasons.get(where)
+            if not found:
+                result.bad_not_dead_lettered += 1
+            elif not any(BAD_REASON[kind] in reason for reason in found):
+                result.bad_wrong_reason += 1
+        procs.check_alive()
+        result.crashed = len(procs.crashed)
+        return result
+
+
+def _lettered(bootstrap: str, topics: TopicNames, where: Sequence[tuple[str, int, int]]) -> bool:
+    wanted = set(where)
+    if not wanted:
+        return True
+    seen = set()
+    for value in read_topic(bootstrap, topics.dead_letters, timeout=30.0):
+        with contextlib.suppress(SchemaError):
+            event = decode(value)
+            if isinstance(event, DeadLetter):
+                seen.add((event.source_topic, event.source_partition, event.source_offset))
+    return wanted <= seen
+
+
+def with_repeats(records: Sequence[Outgoing]) -> tuple[list[Outgoing], int]:
+    """The stream with every record sent twice, each finish followed by a stale ``running`` event of
+    the same task, and each boundary followed by the job's previous boundary; returns (stream, faults)."""
+    out: list[Outgoing] = []
+    faults = 0
+    last_running: dict[tuple[str, str], Outgoing] = {}
+    last_boundary: dict[str, Outgoing] = {}
+    for record in records:
+        out += [record, record]
+        faults += 1
+        event = decode(record[2])
+        if isinstance(event, TaskCheckpoint):
+            key = (event.job_id, event.task_id)
+            if event.status == "running":
+                last_running[key] = record
+            elif event.status == "finished" and key in last_running:
+                out.append(last_running[key])  # late: the task already finished
+                faults += 1
+        elif isinstance(event, CheckpointBoundary):
+            previous = last_boundary.get(event.job_id)
+            if previous is not None:
+                out.append(previous)  # an older checkpoint's boundary, again
+                faults += 1
+            last_boundary[event.job_id] = record
+        elif isinstance(event, JobEvent) and event.event == "started":
+            pass
+    return out, faults
+
+
+def duplicates_out_of_order(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """Every record twice, late ``running`` events after finishes, old boundaries again."""
+    with pipeline_run("duplicates", bootstrap, workdir, sizes) as (result, topics, traces, exp, procs, watch):
+        records, faults = with_repeats(stream_events(traces, topics))
+        result.events_in, result.faults = len(records), faults
+        procs.start_worker()
+        procs.start_mitigator()
+        Publisher(bootstrap).publish(records)
+        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
+        return result
+
+
+def _group_members(bootstrap: str, group: str) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
+        return len(described.members)
+    except Exception:  # the group does not exist yet
+        return 0
+
+
+def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """Two workers share the partitions; one leaves (SIGTERM) mid-replay and the other takes its jobs."""
+    from pipeline.app import WorkerSettings, app_id
+
+    with pipeline_run("worker-leaves", bootstrap, workdir, sizes) as (
+        result,
+        topics,
+        traces,
+        exp,
+        procs,
+        watch,
+    ):
+        records = stream_events(traces, topics)
+        result.events_in = len(records)
+        head, tail = _head_and_tail(records, 0.6)
+        group = app_id(WorkerSettings(bootstrap=bootstrap, topics=topics))
+        procs.start_worker("worker-a")
+        procs.start_worker("worker-b")
+        procs.start_mitigator()
+        joined = watch.wait(lambda: _group_members(bootstrap, group) >= 2, PROGRESS_TIMEOUT_S, procs)
+        if math.isnan(joined):
+            result.notes.append("the two workers never shared the group")
+        publisher = Publisher(bootstrap)
+        publisher.publish(head)
+        goal = max(1, len(_marked_in(head)) // 2)
+        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs)
+        result.notes.append(f"worker-b left after {len(watch.markers)}/{len(exp.markers)} checkpoints")
+        procs.signal("worker-b", signal.SIGTERM)
+        result.faults += 1
+        publisher.publish(tail)
+        result.recovery_seconds = _every_job_progresses(watch, procs, traces)
+        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
+        return result
+
+
+SCENARIOS: dict[str, Callable[[str, Path, Sizes], ScenarioResult]] = {
+    "worker-kill": worker_sigkill,
+    "mitigator-kill": mitigator_sigkill,
+    "broker-restart": lambda bootstrap, workdir, sizes: broker_restart(workdir, sizes),
+    "bad-input": bad_input,
+    "duplicates": duplicates_out_of_order,
+    "worker-leaves": worker_leaves,
+}
+"""Scenario name -> runner. ``broker-restart`` ignores the given broker: it needs one it may stop."""

@@ -1,0 +1,207 @@
+"""NURD's update + predict time per checkpoint against the reference protocol, with both F1s.
+
+Why: the refit rule and XGBoost are what make NURD affordable in a streaming agent; this measures
+what they save against the paper's protocol (scikit-learn GradientBoostingRegressor and
+LogisticRegression refitted from scratch at every checkpoint, `bench/reference.py`) and what they
+cost in accuracy. Three drivers run on the same synthetic jobs, as the offline evaluator drives
+them (`OnlineJob`, oracle p90 threshold, one task event at a time):
+
+- ``nurd``: ``make_nurd("nurd")`` with the refit rule (refit when the finished set grew by 25 %);
+- ``nurd-every``: the same method refitted at every checkpoint (``refit_growth=0``);
+- ``reference``: the paper's models, refitted at every checkpoint.
+
+Time per checkpoint covers feeding the checkpoint's task events to the job state and the
+``checkpoint`` call (calibrate, fit when due, predict, flag), i.e. all the agent's model work.
+
+    .venv/bin/python bench/model_cost.py [--quick] [--json runs/bench/model_cost.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from benchlib import machine, table, write_outputs
+from matplotlib.figure import Figure
+from reference import PaperReference
+from tqdm import tqdm
+
+from straggler.core.method import StragglerMethod
+from straggler.core.metrics import confusion
+from straggler.core.nurd import make_nurd
+from straggler.core.online import OnlineJob
+from straggler.core.threshold import oracle_threshold
+from straggler.traces.jobtrace import JobTrace
+from straggler.traces.synthetic import generate_jobs
+
+DRIVERS: dict[str, tuple[Callable[[int], StragglerMethod], float]] = {
+    "nurd": (lambda seed: make_nurd("nurd", random_state=seed), 0.25),
+    "nurd-every": (lambda seed: make_nurd("nurd", random_state=seed), 0.0),
+    "reference": (lambda seed: PaperReference(random_state=seed), 0.0),
+}
+"""Driver name -> (method factory, refit_growth)."""
+
+
+def run_job(trace: JobTrace, driver: str, seed: int) -> dict[str, float]:
+    """One job through one driver: seconds per checkpoint (mean, p95), total, refits, and F1."""
+    factory, growth = DRIVERS[driver]
+    latency = trace.latency
+    scored = trace.scored
+    oracle = oracle_threshold(latency[scored], 0.9)
+    job = OnlineJob(
+        trace.job_id,
+        factory(seed),
+        len(trace.feature_names),
+        trace.expected_tasks,
+        threshold=oracle,
+        refit_growth=growth,
+    )
+    index = {task: i for i, task in enumerate(trace.task_ids)}
+    flagged = np.zeros(trace.n_tasks, dtype=bool)
+    ids = trace.task_ids
+    per_checkpoint: list[float] = []
+    for _k, t, finished, gone, running, features in trace.checkpoint_events():
+        began = time.perf_counter()
+        for i in finished:
+            job.state.observe_finished(ids[i], trace.finish_features[i], latency[i], trace.end[i])
+        for i in gone:
+            job.state.observe_gone(ids[i], trace.end[i])
+        for row, i in enumerate(running):
+            job.state.observe_running(ids[i], features[row], trace.start[i], t)
+        decisions = job.checkpoint(t)
+        per_checkpoint.append(time.perf_counter() - began)
+        for d in decisions:
+            if d.is_straggler:
+                flagged[index[d.task_id]] = True
+    truth = latency[scored] >= oracle
+    seconds = np.asarray(per_checkpoint)
+    return {
+        "checkpoints": float(len(seconds)),
+        "total_seconds": float(seconds.sum()),
+        "ms_per_checkpoint": 1000.0 * float(seconds.mean()),
+        "ms_per_checkpoint_p95": 1000.0 * float(np.percentile(seconds, 95)),
+        "refits": float(job.model_version),
+        "f1": confusion(truth, flagged[scored]).f1,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="jobs of 100 and 1,000 tasks only (about a minute)"
+    )
+    parser.add_argument("--sizes", default=None, help="comma-separated task counts (default 100,1000,10000)")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs per size (default 3, quick 1)")
+    parser.add_argument(
+        "--checkpoint-seconds", type=float, default=None, help="checkpoint interval (default 60, quick 180)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the figures here (and a PNG beside it)"
+    )
+    args = parser.parse_args()
+    sizes = (
+        [int(s) for s in args.sizes.split(",")]
+        if args.sizes
+        else ([100, 1000] if args.quick else [100, 1000, 10_000])
+    )
+    n_jobs = args.jobs or (1 if args.quick else 3)
+    interval = args.checkpoint_seconds or (180.0 if args.quick else 60.0)
+
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {str(n): {d: [] for d in DRIVERS} for n in sizes}
+    bar = tqdm(total=len(sizes) * n_jobs * len(DRIVERS), unit="run", desc="model cost")
+    for size in sizes:
+        traces = generate_jobs(
+            n_jobs, seed=args.seed, min_tasks=size, max_tasks=size, checkpoint_seconds=interval
+        )
+        for trace in traces:
+            for driver in DRIVERS:
+                bar.set_postfix_str(f"{size} tasks, {driver}")
+                runs[str(size)][driver].append(run_job(trace, driver, args.seed))
+                bar.update()
+    bar.close()
+
+    by_size: dict[str, dict[str, dict[str, float]]] = {}
+    for n, drivers in runs.items():
+        by_size[n] = {
+            d: {key: float(np.mean([r[key] for r in rows])) for key in rows[0]} for d, rows in drivers.items()
+        }
+    speedups = {
+        n: rows["reference"]["total_seconds"] / rows["nurd"]["total_seconds"] for n, rows in by_size.items()
+    }
+    refit_rule_saves = {
+        n: rows["nurd-every"]["total_seconds"] / rows["nurd"]["total_seconds"] for n, rows in by_size.items()
+    }
+    f1_gap = {n: rows["nurd"]["f1"] - rows["reference"]["f1"] for n, rows in by_size.items()}
+    figures: dict[str, Any] = {
+        "speedup": min(speedups.values()),
+        "speedup_by_size": speedups,
+        "refit_rule_speedup_by_size": refit_rule_saves,
+        "f1_nurd_minus_reference_by_size": f1_gap,
+        "f1_refit_rule_minus_every_by_size": {
+            n: rows["nurd"]["f1"] - rows["nurd-every"]["f1"] for n, rows in by_size.items()
+        },
+        "targets": {"speedup": 10.0, "f1_gap_at_least": -0.01},
+        "by_size": by_size,
+        "runs": runs,
+        "jobs_per_size": n_jobs,
+        "checkpoint_seconds": interval,
+        "quick": args.quick,
+        "machine": machine(),
+    }
+    rows = [
+        [
+            n,
+            d,
+            r["checkpoints"],
+            r["refits"],
+            r["ms_per_checkpoint"],
+            r["ms_per_checkpoint_p95"],
+            r["total_seconds"],
+            r["f1"],
+        ]
+        for n, drivers in by_size.items()
+        for d, r in drivers.items()
+    ]
+    print()
+    print(table(rows, ["tasks", "driver", "checkpoints", "fits", "ms/ckpt", "p95 ms", "s/job", "F1"]))
+    print()
+    for n in by_size:
+        print(
+            f"{n:>6} tasks: reference / nurd = {speedups[n]:.1f}x (target >= 10x), "
+            f"F1 nurd - reference = {f1_gap[n]:+.3f} (target >= -0.01); "
+            f"refit rule saves {refit_rule_saves[n]:.1f}x at F1 "
+            f"{figures['f1_refit_rule_minus_every_by_size'][n]:+.3f}"
+        )
+    print(f"load: {figures['machine']['uptime']}")
+
+    def plot(figure: Figure) -> None:
+        left = figure.add_subplot(1, 2, 1)
+        x = np.arange(len(by_size))
+        for j, d in enumerate(DRIVERS):
+            left.bar(x + (j - 1) * 0.27, [by_size[n][d]["ms_per_checkpoint"] for n in by_size], 0.27, label=d)
+        left.set_xticks(x, [f"{int(n):,}" for n in by_size])
+        left.set_yscale("log")
+        left.set_xlabel("tasks per job")
+        left.set_ylabel("ms per checkpoint (mean)")
+        left.legend()
+        right = figure.add_subplot(1, 2, 2)
+        for j, d in enumerate(DRIVERS):
+            right.bar(x + (j - 1) * 0.27, [by_size[n][d]["f1"] for n in by_size], 0.27, label=d)
+        right.set_xticks(x, [f"{int(n):,}" for n in by_size])
+        right.set_xlabel("tasks per job")
+        right.set_ylabel("F1 (oracle p90)")
+        right.set_ylim(0, 1)
+
+    write_outputs(figures, args.json, plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""No lost or duplicated commands under crashes, restarts and bad input (issue 5).
+
+The scenarios themselves live in ``bench/fault_scenarios.py`` (``bench/faults.py`` prints the same
+runs as a table); here each one runs small and its result is asserted. The first tests need no broker:
+they pin down the idempotence the stream tests rely on.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from jobs_for_tests import make_job
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not an installed package
+
+import itertools
+
+from bench.fault_scenarios import (
+    BAD_KINDS,
+    BAD_REASON,
+    SCENARIOS,
+    ScenarioResult,
+    Sizes,
+    bad_record,
+    broker_restart,
+    stream_events,
+    with_repeats,
+)
+from consumers.mitigation import MitigationState
+from pipeline.app import prediction_event
+from schemas import (
+    CheckpointBoundary,
+    CheckpointEvaluated,
+    RelaunchCommand,
+    SchemaError,
+    TaskCheckpoint,
+    decode,
+    encode,
+)
+from straggler.core.jobstate import JobState, TaskStatus
+from straggler.core.online import Decision, OnlineJob
+from straggler.core.registry import make_method
+from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.kafka.names import TopicNames
+
+SIZES = Sizes(jobs=2, tasks=150, bad_events=450)
+"""Small enough for a test run, large enough for stragglers (checked) and every kind of bad record."""
+
+
+# ------------------------------------------------------------------ idempotence, without a broker
+
+
+def test_a_duplicate_or_late_event_never_changes_or_resurrects_a_task() -> None:
+    state = JobState("j", n_features=1, expected_tasks=2)
+    x = np.array([1.0])
+    assert state.observe_running("t", x, 0.0, 10.0)
+    assert not state.observe_running("t", x, 0.0, 5.0), "an older checkpoint overwrote a newer one"
+    assert state.observe_finished("t", x, 12.0, 12.0)
+    assert not state.observe_finished("t", x, 12.0, 12.0), "a duplicate finish was applied"
+    assert not state.observe_running("t", x, 0.0, 10.0), "a late running event resurrected the task"
+    assert not state.observe_gone("t", 13.0), "a late kill undid a finish"
+    record = state.tasks["t"]
+    assert (record.status, record.latency, record.observed_at) == (TaskStatus.FINISHED, 12.0, 12.0)
+    assert state.observe_running("t", x, 20.0, 20.0, attempt=1), "a relaunch (new attempt) must count"
+
+
+def _decisions(trace_events: list[tuple[str, tuple[object, ...]]], expected_tasks: int) -> list[Decision]:
+    job = OnlineJob("j", make_method("nurd", 0), 2, expected_tasks)
+    out: list[Decision] = []
+    for kind, args in trace_events:
+        if kind == "running":
+            job.state.observe_running(*args)  # type: ignore[arg-type]
+        elif kind == "finished":
+            job.state.observe_finished(*args)  # type: ignore[arg-type]
+        else:
+            out += job.checkpoint(float(args[0]))  # type: ignore[arg-type]
+    return out
+
+
+def test_an_online_job_fed_duplicates_and_late_events_decides_as_with_a_clean_stream() -> None:
+    trace = make_job(160, seed=5, job_id="j", signal=0.5)
+    clean: list[tuple[str, tuple[object, ...]]] = []
+    noisy: list[tuple[str, tuple[object, ...]]] = []
+    last_running: dict[str, tuple[object, ...]] = {}
+    for _, t, finished, _, running, features in trace.checkpoint_events():
+        for i in finished.tolist():
+            args = (trace.task_ids[i], trace.finish_features[i], float(trace.end[i] - trace.start[i]),
+                    float(trace.end[i]))  # fmt: skip
+            clean.append(("finished", args))
+            noisy += [("finished", args), ("finished", args)]
+            if trace.task_ids[i] in last_running:
+                noisy.append(("running", last_running[trace.task_ids[i]]))  # late, after the finish
+        for i, row in zip(running.tolist(), features, strict=True):
+            args = (trace.task_ids[i], row, float(trace.start[i]), t)
+            clean.append(("running", args))
+            noisy += [("running", args), ("running", args)]
+            last_running[trace.task_ids[i]] = args
+        clean.append(("checkpoint", (t,)))
+        noisy.append(("checkpoint", (t,)))
+    expected = _decisions(clean, trace.n_tasks)
+    assert any(d.is_straggler for d in expected), "the job must have stragglers"
+    assert _decisions(noisy, trace.n_tasks) == expected
+
+
+def test_every_bad_record_is_rejected_with_its_reason() -> None:
+    topics = TopicNames("x-")
+    for i, kind in enumerate(BAD_KINDS):
+        _, _, payload = bad_record(kind, i, "job", topics)
+        if kind == "unknown-job":
+            assert isinstance(decode(payload), TaskCheckpoint)  # valid: the agent's pending rule rejects it
+            continue
+        with pytest.raises(SchemaError) as error:
+            decode(payload)
+        assert BAD_REASON[kind] in str(error.value), kind
+
+
+def test_the_repeated_stream_holds_duplicates_late_running_events_and_old_boundaries() -> None:
+    records = stream_events([make_job(60, seed=2, job_id="j")], TopicNames("x-"))
+    repeated, faults = with_repeats(records)
+    assert faults > len(records)
+    events = [decode(value) for _, _, value in repeated]
+    boundaries = [e.checkpoint_time for e in events if isinstance(e, CheckpointBoundary)]
+    assert any(later < earlier for earlier, later in itertools.pairwise(boundaries))
+    finished: set[str] = set()
+    late = 0
+    for e in events:
+        if isinstance(e, TaskCheckpoint):
+            if e.status == "finished":
+                finished.add(e.task_id)
+            elif e.status == "running" and e.task_id in finished:
+                late += 1
+    assert late > 0
+
+
+# ----------------------------------------------------------------- the scenarios, on a real broker
+
+
+def _check(result: ScenarioResult) -> None:
+    details = "\n".join(result.notes)
+    assert result.commands_expected > 0, "the scenario must contain stragglers"
+    assert result.faults > 0, "no fault was injected"
+    assert result.crashed == 0, details
+    assert result.markers_missing == 0, f"{result.markers_missing} checkpoints never evaluated\n{details}"
+    assert result.conflicting == 0, f"{result.conflicting} conflicting verdicts\n{details}"
+    assert result.decisions_missing == result.decisions_extra == 0, details
+    assert result.lost == 0, f"{result.lost} commands lost\n{details}"
+    assert result.duplicated == 0, f"{result.duplicated} commands duplicated\n{details}"
+    assert result.unexpected == 0, details
+    assert result.ok, details
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["worker-kill", "mitigator-kill", "duplicates", "worker-leaves"])
+def test_a_fault_loses_and_duplicates_nothing(scenario: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+    _check(SCENARIOS[scenario](kafka_bootstrap, tmp_path, SIZES))
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_bad_input_is_dead_lettered_with_its_reason_and_changes_nothing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    result = SCENARIOS["bad-input"](kafka_bootstrap, tmp_path, SIZES)
+    assert result.bad_events == SIZES.bad_events
+    assert result.bad_not_dead_lettered == 0, "\n".join(result.notes)
+    assert result.bad_wrong_reason == 0, "\n".join(result.notes)
+    assert result.dead_letters >= result.bad_events
+    _check(result)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="the mitigation consumer can hang in send_offsets_to_transaction after a broker restart: "
+    "librdkafka ignores the call's timeout while the group coordinator is down "
+    "(confluentinc/librdkafka#5456, #5511); see docs/reliability.md",
+    strict=False,
+)
+def test_a_broker_restart_mid_replay_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    result = broker_restart(tmp_path, SIZES)
+    _check(result)
+
+
+def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> list[bytes]:
+    """The mitigator's input for one job: the replayer's records, and after each boundary the offline
+    evaluator's predictions and marker; the finishes of the slower half sent ``1 + repeat`` times."""
+    trace = make_job(200, seed=trace_seed, job_id="j", signal=1.5, waves=4, wave_gap=30.0)
+    config = EvaluationConfig(methods=("nurd",), threshold="online")
+    by_time: dict[float, list[Decision]] = {}
+    for verdicts in replay_decisions(trace, "nurd", config):
+        for d in verdicts:
+            by_time.setdefault(d.checkpoint_time, []).append(d)
+    median = float(np.median(trace.latency))
+    out: list[bytes] = []
+    for _, _, value in stream_events([trace], TopicNames("x-")):
+        event = decode(value)
+        out.append(value)
+        slow = isinstance(event, TaskCheckpoint) and (event.latency or 0.0) > median
+        if slow and event.status == "finished":  # type: ignore[union-attr]
+            out += [value] * repeat_slow_finishes
+        if isinstance(event, CheckpointBoundary):
+            decisions = by_time.get(event.checkpoint_time, [])
+            out += [encode(prediction_event(d, "nurd", 0.0)) for d in decisions]
+            marker = CheckpointEvaluated(
+                job_id="j",
+                checkpoint_time=event.checkpoint_time,
+                evaluated=len(decisions),
+                flagged=sum(d.is_straggler for d in decisions),
+                model_version=1,
+                boundary_produced_at=None,
+                produced_at=0.0,
+            )
+            out.append(encode(marker))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["mantri", "limited:2", "unlimited"])
+def test_repeated_finish_events_do_not_change_the_mitigators_commands(policy: str) -> None:
+    def commands(values: list[bytes]) -> list[str]:
+        state = MitigationState(policy, 1.0)
+        return [
+            output.command_id
+            for offset, value in enumerate(values)
+            for output in state.process(value, "x-task-checkpoints", 0, offset)
+            if isinstance(output, RelaunchCommand)
+        ]
+
+    clean = commands(_mitigation_input(7, 0))
+    assert clean, "the job must cause commands"
+    assert commands(_mitigation_input(7, 2)) == clean
