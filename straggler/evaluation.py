@@ -9,6 +9,7 @@ shared scheduling code. Jobs run in parallel processes; each method sees the sam
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -145,7 +146,9 @@ def evaluate(
             results.append(evaluate_job(trace, config))
             bar.update()
     else:
-        with ProcessPoolExecutor(workers) as pool:
+        # spawn, not fork: the parent may already run OpenMP (XGBoost) or librdkafka threads, and a
+        # forked child inherits their locks held; it then deadlocks in its first XGBoost fit.
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             jobs = pool.map(_evaluate_star, [(t, config) for t in traces], chunksize=1)
             for r in jobs:
                 results.append(r)
