@@ -95,7 +95,12 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
     )
 
 
-TABLES = ("tasks", "jobs", "models")
+TABLE_HELP = {
+    "tasks": "one row per task: latest state of each task",
+    "jobs": "one row per job: protocol state and model version",
+    "models": "each job's fitted method, at every refit",
+}
+TABLES = tuple(TABLE_HELP)
 SESSION_TIMEOUT_S = 10.0
 """How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
 
@@ -169,27 +174,17 @@ def create_app(settings: WorkerSettings) -> faust.App:
     boundaries = app.topic(names.checkpoints, key_type=bytes, value_type=bytes)
     # Rows are bytes we encode ourselves: without key_type/value_type=bytes Faust writes them raw but
     # decodes the changelog as JSON on recovery, and a restarted worker never finishes recovering.
-    tasks = app.Table(
-        "tasks",
-        partitions=settings.partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="one row per task: latest state of each task",
-    )
-    jobs = app.Table(
-        "jobs",
-        partitions=settings.partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="one row per job: protocol state and model version",
-    )
-    models = app.Table(
-        "models",
-        partitions=settings.partitions,
-        key_type=bytes,
-        value_type=bytes,
-        help="each job's fitted method, at every refit",
-    )
+    tables = {
+        name: app.Table(
+            name,
+            partitions=settings.partitions,
+            key_type=bytes,
+            value_type=bytes,
+            help=TABLE_HELP[name],
+        )
+        for name in TABLES
+    }
+    tasks, jobs, models = (tables[name] for name in TABLES)
 
     protocol = {
         "quantile": settings.quantile,

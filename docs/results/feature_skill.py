@@ -22,6 +22,7 @@ import xgboost as xgb
 from sklearn.model_selection import KFold
 
 from straggler.traces.loading import load_traces
+from straggler.traces.synthetic import USAGE_FEATURES
 
 GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
     "google-2011": {
@@ -38,16 +39,7 @@ GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
     "synthetic": {
         "cpi": ("cpi",),
         "machine_load": ("machine_load",),
-        "all usage (events only left)": (
-            "cpu_usage",
-            "max_cpu",
-            "memory_usage",
-            "disk_io_time",
-            "cpi",
-            "mem_accesses_per_instr",
-            "input_bytes_read_rate",
-            "machine_load",
-        ),
+        "all usage (events only left)": USAGE_FEATURES,
     },
 }
 

@@ -161,7 +161,20 @@ def _oversample_minority(X: FloatArray, y: BoolArray, random_state: int) -> tupl
 # --------------------------------------------------------------------------------------------------
 
 
-class PUElkanNoto(StragglerMethod):
+class _PULearner(StragglerMethod):
+    """What the two PU learners share: finished tasks are the labelled class, running ones unlabelled."""
+
+    def _scaled_classes(self, data: CheckpointData) -> tuple[FloatArray, FloatArray] | None:
+        """Both classes scaled with what the checkpoint shows; None (``fallback_``) with fewer than 2
+        finished tasks or nothing running to contrast with."""
+        self.fallback_ = data.n_finished < 2 or data.n_running == 0
+        if self.fallback_:
+            return None
+        self.scaler_ = Standardiser.learn(data.X_finished, np.vstack([data.X_finished, data.X_running]))
+        return self.scaler_.transform(data.X_finished), self.scaler_.transform(data.X_running)
+
+
+class PUElkanNoto(_PULearner):
     """PU learning after Elkan & Noto (2008), with finished tasks as the labeled ("positive") class.
 
     A logistic regression g(x) = P(finished | x) is trained on finished vs running tasks, holding out
@@ -182,13 +195,11 @@ class PUElkanNoto(StragglerMethod):
         self.random_state = random_state
 
     def fit(self, data: CheckpointData) -> Self:
-        n_fin, n_run = data.n_finished, data.n_running
-        self.fallback_ = n_fin < 2 or n_run == 0
-        if self.fallback_:
+        classes = self._scaled_classes(data)
+        if classes is None:
             return self
-        self.scaler_ = Standardiser.learn(data.X_finished, np.vstack([data.X_finished, data.X_running]))
-        Z_fin = self.scaler_.transform(data.X_finished)
-        Z_run = self.scaler_.transform(data.X_running)
+        Z_fin, Z_run = classes
+        n_fin, n_run = len(Z_fin), len(Z_run)
         rng = np.random.default_rng(self.random_state)
         n_hold = min(max(1, round(self.hold_out_ratio * n_fin)), n_fin - 1)
         order = rng.permutation(n_fin)
@@ -210,7 +221,7 @@ class PUElkanNoto(StragglerMethod):
         return Scores.from_labels(np.asarray(p_finished_like < 0.5, dtype=bool), 1.0 - p_finished_like)
 
 
-class PUBagging(StragglerMethod):
+class PUBagging(_PULearner):
     """Bagging PU learning after Mordelet & Vert (2014), finished tasks as the labeled class.
 
     Each of ``n_estimators`` rounds draws a bootstrap of the running tasks (size = min(#finished,
@@ -240,13 +251,11 @@ class PUBagging(StragglerMethod):
         self.random_state = random_state
 
     def fit(self, data: CheckpointData) -> Self:
-        n_fin, n_run = data.n_finished, data.n_running
-        self.fallback_ = n_fin < 2 or n_run == 0
-        if self.fallback_:
+        classes = self._scaled_classes(data)
+        if classes is None:
             return self
-        self.scaler_ = Standardiser.learn(data.X_finished, np.vstack([data.X_finished, data.X_running]))
-        Z_fin = self.scaler_.transform(data.X_finished)
-        Z_run = self.scaler_.transform(data.X_running)
+        Z_fin, Z_run = classes
+        n_fin, n_run = len(Z_fin), len(Z_run)
         rng = np.random.default_rng(self.random_state)
         sample_size = min(n_fin, n_run)
         self.trees_: list[Any] = []
