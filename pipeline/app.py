@@ -15,10 +15,13 @@ go to the right changelog partition.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import faust
@@ -36,8 +39,9 @@ from schemas import (
     decode,
     encode,
 )
+from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision
-from straggler.core.registry import make_method
+from straggler.core.registry import load_trained_method, make_method
 from straggler.kafka.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,8 @@ class WorkerSettings:
 
     bootstrap: str
     method: str = "nurd"
+    model_path: str | None = None
+    """For a cross-job method (START, ADMM): its trained file, from ``straggler train``."""
     topics: TopicNames = field(default_factory=TopicNames)
     partitions: int = 8
     app_id: str = "straggler-agent"
@@ -75,6 +81,18 @@ class AgentStats:
 
 def _nan_to_none(value: float) -> float | None:
     return None if value != value else value
+
+
+def method_factory(settings: WorkerSettings) -> Callable[[], StragglerMethod]:
+    """A fresh method per job: from the registry, or a copy of the trained cross-job model."""
+    if settings.model_path is None:
+        if make_method(settings.method, settings.seed).learns_across_jobs:
+            raise ValueError(
+                f"{settings.method} learns across jobs: train it (`straggler train`), pass --model"
+            )
+        return lambda: make_method(settings.method, settings.seed)
+    trained = load_trained_method(Path(settings.model_path), settings.method)
+    return lambda: copy.deepcopy(trained)
 
 
 def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction:
@@ -191,9 +209,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         "start_fraction": settings.start_fraction,
         "refit_growth": settings.refit_growth,
     }
-    store = JobStore(
-        tasks, jobs, models, new_online_job(lambda: make_method(settings.method, settings.seed), protocol)
-    )
+    store = JobStore(tasks, jobs, models, new_online_job(method_factory(settings), protocol))
     stats = AgentStats()
     pending: dict[str, list[tuple[float, EventT, TaskCheckpoint | CheckpointBoundary]]] = defaultdict(list)
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are

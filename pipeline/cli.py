@@ -15,6 +15,7 @@ def _worker(args: argparse.Namespace) -> int:
     settings = WorkerSettings(
         bootstrap=args.bootstrap,
         method=args.method,
+        model_path=args.model,
         topics=TopicNames(args.topic_prefix),
         partitions=args.partitions,
         live_interval=args.live_interval,
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("worker", help="run the Faust NURD agent (partitioned by job id)")
     p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port")
     p.add_argument("--method", default="nurd", help="straggler method (see `straggler evaluate --help`)")
+    p.add_argument("--model", default=None, help="a cross-job method's file from `straggler train`")
     p.add_argument("--topic-prefix", default="", help="namespace for all topics (tests, several replays)")
     p.add_argument("--partitions", type=int, default=8, help="must equal the input topics' partition count")
     p.add_argument(

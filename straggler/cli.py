@@ -60,6 +60,32 @@ def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_evaluate)
 
 
+def _train(args: argparse.Namespace) -> int:
+    from straggler.core.registry import make_method, save_trained_method
+
+    method = make_method(args.method, args.seed)
+    if not method.learns_across_jobs:
+        print(f"{args.method} learns within each job; there is nothing to train ahead", file=sys.stderr)
+        return 2
+    traces = load_traces_from_args(args)
+    if not traces:
+        print("no job in the trace meets --min-tasks", file=sys.stderr)
+        return 1
+    save_trained_method(method.fit_population(traces), args.out)
+    print(f"trained {args.method} on {len(traces)} jobs; wrote {args.out}")
+    return 0
+
+
+def _register_train(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a cross-job method (start, admm) on a training window, for `straggler worker`"
+    )
+    add_trace_arguments(p)
+    p.add_argument("--method", required=True)
+    p.add_argument("--out", type=Path, required=True, help="model file (pickle) for `worker --model`")
+    p.set_defaults(func=_train)
+
+
 def _replay(args: argparse.Namespace) -> int:
     from straggler.replay import run_replay
 
@@ -104,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     register_kafka(subparsers)
     _register_evaluate(subparsers)
+    _register_train(subparsers)
     register_worker(subparsers)
     register_produce(subparsers)
     register_mitigate(subparsers)

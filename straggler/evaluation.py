@@ -8,10 +8,12 @@ shared scheduling code. Jobs run in parallel processes; each method sees the sam
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 from tqdm import tqdm
 
+from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method
@@ -39,11 +42,43 @@ class EvaluationConfig:
     machine_counts: tuple[int, ...] = MACHINE_COUNTS
     start_fraction: float = 0.04
     refit_growth: float = 0.25
+    population_folds: int = 5
+    """Cross-job methods (START, ADMM) are cross-fitted: jobs fall into this many folds by a hash
+    of their id, and a job is predicted by the model trained on the other folds' jobs."""
 
 
-def replay_decisions(trace: JobTrace, method_name: str, config: EvaluationConfig) -> Iterator[list[Decision]]:
+Prototypes = Mapping[str, StragglerMethod]
+"""Per method name, a method already trained across jobs (``fit_population``), copied per job."""
+
+
+def population_fold(job_id: str, folds: int) -> int:
+    """A job's fold: a stable hash of its id, so a job's fold never depends on which jobs are loaded."""
+    return zlib.crc32(job_id.encode()) % folds
+
+
+def train_population_methods(
+    traces: Sequence[JobTrace], config: EvaluationConfig
+) -> list[dict[str, StragglerMethod]]:
+    """For each trace, its cross-job methods trained on the jobs of the other folds only."""
+    names = [n for n in config.methods if make_method(n, config.seed).learns_across_jobs]
+    folds = [population_fold(t.job_id, config.population_folds) for t in traces]
+    by_fold: dict[int, dict[str, StragglerMethod]] = {}
+    for k in sorted(set(folds)) if names else []:
+        training = [t for t, f in zip(traces, folds, strict=True) if f != k]
+        by_fold[k] = {n: make_method(n, config.seed).fit_population(training) for n in names}
+    return [by_fold.get(f, {}) for f in folds]
+
+
+def replay_decisions(
+    trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
+) -> Iterator[list[Decision]]:
     """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
-    method = make_method(method_name, config.seed)
+    if prototypes and method_name in prototypes:
+        method = copy.deepcopy(prototypes[method_name])
+    else:
+        method = make_method(method_name, config.seed)
+        if method.learns_across_jobs:
+            raise ValueError(f"{method_name} learns across jobs: pass it trained (train_population_methods)")
     latency = trace.latency
     scored = trace.scored
     oracle = oracle_threshold(latency[scored], config.quantile)
@@ -74,12 +109,14 @@ def replay_decisions(trace: JobTrace, method_name: str, config: EvaluationConfig
         yield job.checkpoint(t)
 
 
-def flag_times(trace: JobTrace, method_name: str, config: EvaluationConfig) -> tuple[FloatArray, int]:
+def flag_times(
+    trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
+) -> tuple[FloatArray, int]:
     """When each task of ``trace`` was first flagged by ``method_name`` (NaN: never), and #decisions."""
     index = {task_id: i for i, task_id in enumerate(trace.task_ids)}
     flagged = np.full(trace.n_tasks, np.nan)
     decisions = 0
-    for verdicts in replay_decisions(trace, method_name, config):
+    for verdicts in replay_decisions(trace, method_name, config, prototypes):
         decisions += len(verdicts)
         for d in verdicts:
             if d.is_straggler:
@@ -96,7 +133,9 @@ class JobResult:
     per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def evaluate_job(trace: JobTrace, config: EvaluationConfig) -> JobResult:
+def evaluate_job(
+    trace: JobTrace, config: EvaluationConfig, prototypes: Prototypes | None = None
+) -> JobResult:
     """All methods on one job: accuracy, F1 over time, lead time, completion time and its cost."""
     scored = trace.scored
     latency = trace.latency
@@ -105,7 +144,7 @@ def evaluate_job(trace: JobTrace, config: EvaluationConfig) -> JobResult:
     new_latency = relaunch_latencies(latency[scored], int(scored.sum()), trace.job_id, config.seed)
     result = JobResult(trace.job_id, trace.n_tasks, int(scored.sum()), trace.excluded_tasks)
     for name in config.methods:
-        flagged_all, decisions = flag_times(trace, name, config)
+        flagged_all, decisions = flag_times(trace, name, config, prototypes)
         flagged = flagged_all[scored]
         c = confusion(truth, np.isfinite(flagged))
         unlimited = simulate_relaunches(start, end, flagged, new_latency, trace.checkpoints)
@@ -129,7 +168,7 @@ def evaluate_job(trace: JobTrace, config: EvaluationConfig) -> JobResult:
     return result
 
 
-def _evaluate_star(args: tuple[JobTrace, EvaluationConfig]) -> JobResult:
+def _evaluate_star(args: tuple[JobTrace, EvaluationConfig, Prototypes]) -> JobResult:
     return evaluate_job(*args)
 
 
@@ -138,18 +177,21 @@ def evaluate(
 ) -> list[JobResult]:
     """Evaluate every job, in parallel processes, with a progress bar."""
     workers = workers or max(1, min(len(traces), os.cpu_count() or 1))
+    prototypes = train_population_methods(traces, config)
     jobs: Iterable[JobResult]
     bar = tqdm(total=len(traces), desc="jobs", unit="job", disable=not progress)
     results: list[JobResult] = []
     if workers == 1:
-        for trace in traces:
-            results.append(evaluate_job(trace, config))
+        for trace, trained in zip(traces, prototypes, strict=True):
+            results.append(evaluate_job(trace, config, trained))
             bar.update()
     else:
         # spawn, not fork: the parent may already run OpenMP (XGBoost) or librdkafka threads, and a
         # forked child inherits their locks held; it then deadlocks in its first XGBoost fit.
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            jobs = pool.map(_evaluate_star, [(t, config) for t in traces], chunksize=1)
+            jobs = pool.map(
+                _evaluate_star, [(t, config, p) for t, p in zip(traces, prototypes, strict=True)], chunksize=1
+            )
             for r in jobs:
                 results.append(r)
                 bar.update()

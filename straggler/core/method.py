@@ -14,10 +14,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from straggler.traces.jobtrace import JobTrace
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -111,6 +116,9 @@ class StragglerMethod(ABC):
     predicts_latency: ClassVar[bool] = True
     #: True for methods the paper grants true labels of a 2/3 sample of the job (Wrangler)
     needs_granted_labels: ClassVar[bool] = False
+    #: True for methods trained on other, complete jobs before they see this one (START, ADMM);
+    #: the evaluator cross-fits them by job, the worker loads them from ``straggler train``'s file
+    learns_across_jobs: ClassVar[bool] = False
 
     def calibrate(self, data: CheckpointData) -> None:  # noqa: B027 - optional hook
         """Called once per job, at its first prediction checkpoint, before the first ``fit``."""
@@ -118,6 +126,14 @@ class StragglerMethod(ABC):
     def grant_labels(self, X: FloatArray, is_straggler: BoolArray) -> None:
         """Receive true labels of a sample of the job (only for ``needs_granted_labels`` methods)."""
         raise NotImplementedError(f"{type(self).__name__} does not take granted labels")
+
+    def fit_population(self, jobs: Sequence[JobTrace]) -> Self:
+        """Learn from complete jobs of a training window, never the job being predicted.
+
+        Only for ``learns_across_jobs`` methods. The fitted object is then copied, one copy per job,
+        and driven by ``fit``/``predict`` like any other method.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not learn across jobs")
 
     @abstractmethod
     def fit(self, data: CheckpointData) -> Self:

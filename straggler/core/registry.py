@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from straggler.core.method import StragglerMethod
 from straggler.core.nurd import PRESETS, make_nurd
@@ -42,6 +44,20 @@ def make_method(name: str, seed: int = 0) -> StragglerMethod:
     if name not in factories:
         raise KeyError(f"unknown method {name!r}; known: {', '.join(factories)}")
     return factories[name](seed)
+
+
+def save_trained_method(method: StragglerMethod, path: Path) -> None:
+    """Write a method trained across jobs (``straggler train``) for a worker to load."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(method))
+
+
+def load_trained_method(path: Path, name: str) -> StragglerMethod:
+    """Read what `save_trained_method` wrote; the file must hold a trained ``name`` (pickle: trust it)."""
+    method = pickle.loads(path.read_bytes())
+    if not isinstance(method, StragglerMethod) or method.name != name:
+        raise ValueError(f"{path} holds {getattr(method, 'name', type(method).__name__)!r}, not {name!r}")
+    return method
 
 
 DEFAULT_METHODS = (
