@@ -72,6 +72,9 @@ PENDING_GRACE_S = 3.0
 SETTLE_TIMEOUT_S = 240.0
 """Longest wait for the pipeline to emit every expected marker and command after the last fault."""
 PROGRESS_TIMEOUT_S = 180.0
+MITIGATOR_STALL_TIMEOUT_S = 45.0
+"""The mitigator's watchdog (`consumers.watchdog`), shortened from its 90 s default so that a stuck
+consumer is restarted well within `PROGRESS_TIMEOUT_S`."""
 """Longest wait for a stage to show progress (first marker, first command) before a fault."""
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.25
@@ -331,6 +334,8 @@ class Processes:
                 str(CHECKPOINT_SECONDS),
                 "--batch-size",
                 "200",
+                "--stall-timeout",
+                str(MITIGATOR_STALL_TIMEOUT_S),
                 "--verbose",
             ],
         )

@@ -50,6 +50,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--idle-timeout", type=float, default=None, help="exit after this many seconds without input"
     )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        help="restart the consumer when it is silent this long, stuck in librdkafka (default 90 s)",
+    )
+    p.add_argument(
+        "--no-watchdog",
+        action="store_true",
+        help="run the consumer in this process, without the supervisor that restarts it when stuck",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per transaction")
     p.set_defaults(func=_mitigate)
 
@@ -61,16 +72,17 @@ def _mitigate(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    options = {
+        "bootstrap": args.bootstrap,
+        "policy": args.policy,
+        "topics": TopicNames(args.topic_prefix),
+        "group_id": args.group,
+        "transactional_id": args.transactional_id,
+        "checkpoint_interval": args.checkpoint_seconds,
+        "batch_size": args.batch_size,
+    }
     try:
-        consumer = MitigationConsumer(
-            args.bootstrap,
-            args.policy,
-            topics=TopicNames(args.topic_prefix),
-            group_id=args.group,
-            transactional_id=args.transactional_id,
-            checkpoint_interval=args.checkpoint_seconds,
-            batch_size=args.batch_size,
-        )
+        consumer = MitigationConsumer(**options)  # validates the options before any child starts
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -84,12 +96,27 @@ def _mitigate(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
         previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        stats = consumer.run(stop=stop, idle_timeout=args.idle_timeout)
+        if args.no_watchdog:
+            stats = consumer.run(stop=stop, idle_timeout=args.idle_timeout)
+            restarts = 0
+        else:
+            from consumers.watchdog import STALL_TIMEOUT_S, supervise
+
+            run = supervise(
+                options,
+                idle_timeout=args.idle_timeout,
+                stall_timeout=args.stall_timeout or STALL_TIMEOUT_S,
+                stop=stop,
+            )
+            if run.exit_code != 0:
+                print("error: the mitigation consumer failed (see the log above)", file=sys.stderr)
+                return EXIT_FAILED
+            stats, restarts = run.stats, run.restarts
     except KafkaException as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(json.dumps(asdict(stats)))
+    print(json.dumps({**asdict(stats), "watchdog_restarts": restarts}))
     return EXIT_OK

@@ -334,6 +334,7 @@ class MitigationConsumer:
         transactional_id: str | None = None,
         checkpoint_interval: float = 300.0,
         batch_size: int = 500,
+        heartbeat: Callable[[], None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -343,6 +344,9 @@ class MitigationConsumer:
         self.transactional_id = transactional_id or f"{group_id}-tx"
         self.checkpoint_interval = checkpoint_interval
         self.batch_size = batch_size
+        self.heartbeat = heartbeat
+        """Called at every step that returns (poll, transactional call, rebuild batch): a supervisor
+        (`consumers.watchdog`) that stops hearing it knows the process is stuck inside librdkafka."""
         self.policy_spec = policy
         self._state = MitigationState(policy, checkpoint_interval)  # pure; also validates the spec
         self._stats = MitigationStats()
@@ -383,6 +387,7 @@ class MitigationConsumer:
             self._assigned = False
             self._last_input = started = time.monotonic()
             while not (stop is not None and stop.is_set()):
+                self._beat()
                 budget = self.batch_size
                 if max_messages is not None:
                     budget = min(budget, max_messages - self._stats.consumed)
@@ -401,6 +406,10 @@ class MitigationConsumer:
         finally:
             consumer.close()  # leaves the group at once, so the partitions move without a timeout
         return self._stats
+
+    def _beat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat()
 
     def _consumer_config(self) -> ClientConfig:
         config = consumer_config(self.bootstrap, self.group_id, read_committed=True)
@@ -440,8 +449,9 @@ class MitigationConsumer:
                         self._produce(producer, self.topics.commands, output.job_id.encode(), encode(output))
                     else:
                         self._produce(producer, self.topics.dead_letters, message.key(), encode(output))
-            _retrying(lambda: self._send_offsets(producer, consumer))
-            _retrying(lambda: producer.commit_transaction(TXN_CALL_TIMEOUT_S))
+            self._beat()
+            _retrying(lambda: self._send_offsets(producer, consumer), self._beat)
+            _retrying(lambda: producer.commit_transaction(TXN_CALL_TIMEOUT_S), self._beat)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             abortable = isinstance(error, KafkaError) and (error.txn_requires_abort() or error.retriable())
@@ -449,7 +459,7 @@ class MitigationConsumer:
                 _abort_quietly(producer)
                 raise
             log.warning("aborting transaction: %s", error)
-            _retrying(lambda: producer.abort_transaction(TXN_CALL_TIMEOUT_S))
+            _retrying(lambda: producer.abort_transaction(TXN_CALL_TIMEOUT_S), self._beat)
             self._stats.aborts += 1
             self._rewind(consumer)
             return
@@ -500,6 +510,7 @@ class MitigationConsumer:
 
     def _restore(self, consumer: Consumer, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Replace the state by the fold of the committed input; return where to continue reading."""
+        self._beat()
         committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions else []
         targets = {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
         state = MitigationState(self.policy_spec, self.checkpoint_interval)
@@ -525,6 +536,7 @@ class MitigationConsumer:
         try:
             reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in targets])
             while remaining:
+                self._beat()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"state rebuild did not reach the committed offsets of {remaining}")
                 done = []
@@ -554,10 +566,11 @@ class MitigationConsumer:
         return replayed
 
 
-def _retrying(call: Callable[[], object]) -> None:
+def _retrying(call: Callable[[], object], beat: Callable[[], None] = lambda: None) -> None:
     """Run a transactional call again while it fails with a retriable error (librdkafka's advice for
     ``send_offsets_to_transaction`` and ``commit_transaction``); other errors go to the caller."""
     for attempt in range(TXN_RETRIES + 1):
+        beat()
         try:
             call()
             return

@@ -45,7 +45,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("evaluate", help="offline evaluation of straggler methods on a trace")
-    add_trace_arguments(p)
+    add_trace_arguments(p, evaluation=True)
     p.add_argument("--methods", default=None, help="comma-separated (default: NURD variants and baselines)")
     p.add_argument("--threshold", choices=["oracle", "online"], default="oracle")
     p.add_argument(
@@ -71,7 +71,19 @@ def _train(args: argparse.Namespace) -> int:
     if not traces:
         print("no job in the trace meets --min-tasks", file=sys.stderr)
         return 1
-    save_trained_method(method.fit_population(traces), args.out)
+    if args.bootstrap is None:
+        trained = method.fit_population(traces)
+    else:
+        from pipeline.admm_exchange import kafka_exchange
+        from straggler.core.admm import Admm
+        from straggler.kafka.names import TopicNames
+
+        if not isinstance(method, Admm):
+            print(f"--bootstrap trains only admm over Kafka, not {args.method}", file=sys.stderr)
+            return 2
+        topic = TopicNames(args.topic_prefix).admm_exchange
+        trained = method.fit_population(traces, exchange=kafka_exchange(args.bootstrap, topic))
+    save_trained_method(trained, args.out)
     print(f"trained {args.method} on {len(traces)} jobs; wrote {args.out}")
     return 0
 
@@ -83,6 +95,10 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
     add_trace_arguments(p)
     p.add_argument("--method", required=True)
     p.add_argument("--out", type=Path, required=True, help="model file (pickle) for `worker --model`")
+    p.add_argument(
+        "--bootstrap", default=None, help="admm: run the consensus rounds over this Kafka broker, host:port"
+    )
+    p.add_argument("--topic-prefix", default="", help="admm: namespace of the exchange topic")
     p.set_defaults(func=_train)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import sys
 from dataclasses import dataclass, replace
@@ -21,16 +23,25 @@ from straggler.core.nurd import PRESETS as NURD_PRESETS
 from straggler.core.outliers import OUTLIER_DETECTORS
 from straggler.core.preprocessing import Standardiser, impute_like
 from straggler.core.registry import make_method
+from straggler.traces.jobtrace import JobTrace
 
 HAS_PYOD = importlib.util.find_spec("pyod") is not None
 needs_pyod = pytest.mark.skipif(
     not HAS_PYOD, reason="PyOD not installed: pip install 'straggler-stream[outliers]'"
 )
 
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(
+    not HAS_TORCH, reason="PyTorch not installed: pip install 'straggler-stream[start]'"
+)
+
 # Every registered method, NURD's presets included, passes the one contract test below.
-METHOD_PARAMS = [pytest.param(name, id=name) for name in [*NURD_PRESETS, *BASELINES]] + [
-    pytest.param(name, id=name, marks=needs_pyod) for name in OUTLIER_DETECTORS
-]
+METHOD_PARAMS = (
+    [pytest.param(name, id=name) for name in [*NURD_PRESETS, *BASELINES]]
+    + [pytest.param(name, id=name, marks=needs_pyod) for name in OUTLIER_DETECTORS]
+    + [pytest.param("start", id="start", marks=needs_torch)]
+    + [pytest.param("admm", id="admm")]
+)
 
 
 @dataclass(frozen=True)
@@ -70,9 +81,40 @@ def synthetic_job(
     return SyntheticJob(data, latency[running], X[granted], latency[granted] >= threshold)
 
 
+def population(n_features: int) -> list[JobTrace]:
+    """Small complete jobs with ``n_features`` features (x0 drives latency), for cross-job methods."""
+    from jobs_for_tests import make_job
+
+    jobs = []
+    for i in range(6):
+        job = make_job(80, seed=i, job_id=f"population-{i}")
+        rng = np.random.default_rng(i)
+        extra = rng.normal(size=(job.n_tasks, n_features - 2))
+        jobs.append(
+            replace(
+                job,
+                feature_names=(*job.feature_names, *(f"x{j}" for j in range(2, n_features))),
+                finish_features=np.hstack([job.finish_features, extra]),
+                running_features=[
+                    np.hstack([X, extra[idx]])
+                    for X, idx in zip(job.running_features, job.running_index, strict=True)
+                ],
+            )
+        )
+    return jobs
+
+
+@functools.cache
+def trained_across_jobs(name: str, n_features: int) -> StragglerMethod:
+    return make_method(name).fit_population(population(n_features))
+
+
 def fitted(name: str, job: SyntheticJob) -> StragglerMethod:
-    """A fresh method of registry name ``name``, granted labels if it takes them, fit on ``job``."""
+    """A fresh method of registry name ``name``, granted labels if it takes them, fit on ``job``
+    (cross-job methods first trained on a small population of other jobs)."""
     method = make_method(name)
+    if method.learns_across_jobs:
+        method = copy.deepcopy(trained_across_jobs(name, job.data.X_finished.shape[1]))
     if method.needs_granted_labels:
         method.grant_labels(job.granted_X, job.granted_labels)
     return method.fit(job.data)
@@ -159,9 +201,9 @@ def test_method_contract(name: str) -> None:
     early_method = fitted(name, replace(job, data=early))
     early_scores = early_method.predict(early)
     assert_well_formed(early_method, early, early_scores)
-    # reactive needs no data; wrangler learns from its grant; NURD predicts the finished mean and the
-    # job driver floors it at the elapsed time (tested in test_nurd.py)
-    if name not in ("reactive", "wrangler", *NURD_PRESETS):
+    # reactive needs no data; wrangler learns from its grant; admm from other jobs only; NURD predicts
+    # the finished mean and the job driver floors it at the elapsed time (tested in test_nurd.py)
+    if name not in ("reactive", "wrangler", "admm", *NURD_PRESETS):
         assert getattr(early_method, "fallback_", False)
         np.testing.assert_array_equal(early_scores.is_straggler, early.elapsed_running >= early.threshold)
 

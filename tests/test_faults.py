@@ -174,13 +174,9 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_changes_nothing(
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="the mitigation consumer can hang in send_offsets_to_transaction after a broker restart: "
-    "librdkafka ignores the call's timeout while the group coordinator is down "
-    "(confluentinc/librdkafka#5456, #5511); see docs/reliability.md",
-    strict=False,
-)
 def test_a_broker_restart_mid_replay_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """librdkafka can block forever in send_offsets_to_transaction after the restart (#5456, #5511);
+    the mitigator's watchdog (`consumers.watchdog`) then replaces the stuck consumer."""
     result = broker_restart(tmp_path, SIZES)
     _check(result)
 

@@ -131,6 +131,17 @@ def test_checkpoints_and_running_sets(lifecycle_trace: Path) -> None:
     assert np.isnan(trace.finish_features[1:]).all()
 
 
+def test_checkpoints_per_job_spread_over_the_span_with_the_same_features(lifecycle_trace: Path) -> None:
+    per_job = _by_id(load_google2011(lifecycle_trace, checkpoints_per_job=4, min_tasks=1))["1"]
+    # first start 30 s, last end 160 s: a checkpoint every 32.5 s, the last at the job's end
+    assert per_job.checkpoints.tolist() == [62.5, 95.0, 127.5, 160.0]
+    assert [sorted(idx.tolist()) for idx in per_job.running_index] == [[0, 1], [0], [0, 2], [2]]
+    # a grid point's features are the same whichever grid it belongs to: events strictly before it
+    fixed = _by_id(load_google2011(lifecycle_trace, checkpoint_seconds=62.5, min_tasks=1))["1"]
+    assert fixed.checkpoints[0] == 62.5
+    np.testing.assert_array_equal(per_job.running_features[0], fixed.running_features[0])
+
+
 def test_event_at_t_is_invisible_at_t_and_visible_just_after(tmp_path: Path) -> None:
     grid = checkpoint_grid(100, 5000, 300)
     fail_at = float(grid[1])  # a failure at exactly a checkpoint of job 1

@@ -8,6 +8,7 @@ the consumer until it is idle, and read the committed commands with a read_commi
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import signal
 import subprocess
@@ -696,6 +697,60 @@ def test_sigterm_commits_and_leaves_then_a_restart_carries_on(
 
     assert resumed["rebuilt_records"] == stopped["consumed"]
     assert stopped["consumed"] + resumed["consumed"] == len(stream.events)
+    union = committed_commands(kafka_bootstrap, topics)
+    assert len(union) == len(set(ids(union))), "a command was committed twice"
+    assert set(ids(union)) == expected
+
+
+def _consumer_children(supervisor: int) -> set[int]:
+    """Pids of the supervisor's consumer processes (not multiprocessing's resource tracker)."""
+    found = set()
+    for task in Path(f"/proc/{supervisor}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+                found.add(int(pid))
+    return found
+
+
+def _wait_for(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
+    kafka_bootstrap: str, fresh_topic_prefix: str
+) -> None:
+    """A consumer stuck inside a C call (as librdkafka's send_offsets_to_transaction after a broker
+    restart) is alive but silent: SIGSTOP makes exactly that. The supervisor must replace it."""
+    policy = "unlimited"
+    topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
+    stream = random_stream(seed=5, jobs=30, tasks=30)
+    head = len(stream.events) * 3 // 5
+    expected = set(ids(offline_commands(stream, policy, topics)))
+    command = [*_mitigate_command(kafka_bootstrap, policy, fresh_topic_prefix), "--stall-timeout", "5"]
+
+    supervisor = _start_then_wait_for_a_command(kafka_bootstrap, topics, command, stream, head)
+    try:
+        (stuck,) = _consumer_children(supervisor.pid)
+        os.kill(stuck, signal.SIGSTOP)
+        _wait_for(lambda: _consumer_children(supervisor.pid) - {stuck} != set(), "a new consumer", 60)
+        assert stuck not in _consumer_children(supervisor.pid), "the stuck consumer was not killed"
+        produce_stream(kafka_bootstrap, topics, Stream(stream.events[head:]))
+        _wait_for(lambda: set(ids(committed_commands(kafka_bootstrap, topics))) >= expected, "every command")
+        supervisor.send_signal(signal.SIGTERM)
+        out, err = supervisor.communicate(timeout=60)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    assert supervisor.returncode == 0, err
+    assert orjson.loads(out.strip().splitlines()[-1])["watchdog_restarts"] == 1
     union = committed_commands(kafka_bootstrap, topics)
     assert len(union) == len(set(ids(union))), "a command was committed twice"
     assert set(ids(union)) == expected

@@ -5,7 +5,7 @@ import pytest
 from jobs_for_tests import make_job
 
 from straggler.core.method import CheckpointData
-from straggler.core.nurd import PRESETS, centroid_calibration, make_nurd
+from straggler.core.nurd import PRESETS, centroid_calibration, make_nurd, mostly_right
 from straggler.core.online import OnlineJob
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
 from straggler.traces.jobtrace import JobTrace
@@ -61,8 +61,11 @@ def test_nurd_without_signal_is_the_reactive_rule() -> None:
 
 @pytest.mark.parametrize("seed", [2, 3])
 def test_nurd_flags_a_visible_slow_machine_group_early_once_its_history_shows_it_works(seed: int) -> None:
-    """Tasks on slow machines (visible x1) straggle; later waves are flagged before they pass p90."""
-    trace = make_job(600, signal=0.3, seed=seed, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
+    """Tasks on slow machines (visible x1) straggle; later waves are flagged before they pass p90.
+
+    1,200 tasks: with 600 the backtests confirm too few slow tasks for the evidence rule
+    (`mostly_right`) to admit the weight, and NURD stays the reactive rule, as it should."""
+    trace = make_job(1200, signal=0.3, seed=seed, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
     config = EvaluationConfig(methods=("nurd", "reactive"), threshold="online", machine_counts=())
     result = evaluate_job(trace, config).per_method
     assert result["nurd"]["lead_time"] > result["reactive"]["lead_time"] + 0.05
@@ -111,3 +114,12 @@ def test_decisions_never_depend_on_a_running_task_future(method: str) -> None:
     decided_early = np.isfinite(before) & (before < cutoff)
     np.testing.assert_array_equal(before[decided_early], after[decided_early])
     assert np.all(~np.isfinite(after) | (after >= cutoff) | np.isfinite(before))
+
+
+def test_a_strength_needs_confident_evidence_that_its_added_flags_are_mostly_right() -> None:
+    # the backtests that admitted the only two model flags on the real trace (both wrong)
+    assert not any(mostly_right(right, wrong, 0.85) for right, wrong in [(2, 2), (3, 1), (6, 4)])
+    assert all(mostly_right(right, wrong, 0.85) for right, wrong in [(2, 0), (4, 1), (7, 3), (40, 10)])
+    assert not mostly_right(0, 0, 0.85)
+    # more confidence asks for more evidence
+    assert mostly_right(2, 0, 0.85) and not mostly_right(2, 0, 0.9)

@@ -36,6 +36,7 @@ from schemas import (
 from straggler.core.scheduling import relaunch_latencies
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.partitioner import partition_of
 from straggler.kafka.topics import create_topics
 from straggler.traces.jobtrace import JobTrace, checkpoint_grid
 from straggler.traces.synthetic import generate_jobs
@@ -53,30 +54,6 @@ class Record:
     key: bytes
     timestamp_ms: int
     event: Event
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's ``Utils.murmur2`` (the Java client's and aiokafka's default partitioner hash)."""
-    m = 0x5BD1E995
-    h = (0x9747B28C ^ len(data)) & 0xFFFFFFFF
-    tail = len(data) & ~3
-    for i in range(0, tail, 4):
-        k = (int.from_bytes(data[i : i + 4], "little") * m) & 0xFFFFFFFF
-        k = ((k ^ (k >> 24)) * m) & 0xFFFFFFFF
-        h = ((h * m) & 0xFFFFFFFF) ^ k
-    rest = data[tail:]
-    if len(rest) == 3:
-        h ^= rest[2] << 16
-    if len(rest) >= 2:
-        h ^= rest[1] << 8
-    if rest:
-        h = ((h ^ rest[0]) * m) & 0xFFFFFFFF
-    h = ((h ^ (h >> 13)) * m) & 0xFFFFFFFF
-    return h ^ (h >> 15)
-
-
-def java_partition(key: bytes, partitions: int) -> int:
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def read_topics(bootstrap: str, topics: list[str]) -> list[Record]:
@@ -222,7 +199,7 @@ def check_protocol(trace: JobTrace, records: list[Record], topics: TopicNames) -
     jobs = [r for r in mine if r.topic == topics.job_events]
     tasks = sorted((r for r in mine if r.topic == topics.checkpoints), key=lambda r: r.offset)
     assert all(getattr(r.event, "job_id", None) == trace.job_id for r in mine)
-    assert {r.partition for r in mine} == {java_partition(key, PARTITIONS)}  # co-partitioned, murmur2
+    assert {r.partition for r in mine} == {partition_of(key.decode(), PARTITIONS)}  # co-partitioned, murmur2
 
     jobs.sort(key=lambda r: r.offset)
     assert len(jobs) == 2

@@ -12,6 +12,7 @@ from straggler.core.nurd import PRESETS, make_nurd
 
 
 def _factories() -> dict[str, Callable[[int], StragglerMethod]]:
+    from straggler.core.admm import Admm
     from straggler.core.baselines import BASELINES
     from straggler.core.outliers import OUTLIER_DETECTORS
 
@@ -20,6 +21,10 @@ def _factories() -> dict[str, Callable[[int], StragglerMethod]]:
         out[preset] = partial(_nurd_preset, preset)
     for name, cls in {**BASELINES, **OUTLIER_DETECTORS}.items():
         out[name] = partial(_with_seed, cls)
+    out["admm"] = partial(_with_seed, Admm)
+    from straggler.core.start import StartMethod  # torch is imported only when START trains
+
+    out["start"] = partial(_with_seed, StartMethod)
     return out
 
 

@@ -40,5 +40,11 @@ class TopicNames:
     def dead_letters(self) -> str:
         return self.prefix + DEAD_LETTERS
 
+    @property
+    def admm_exchange(self) -> str:
+        """ADMM's consensus rounds (``straggler train --method admm --bootstrap``): one partition, made
+        by ``pipeline.admm_exchange`` on first use, so not among the pipeline's topics in ``all()``."""
+        return self.prefix + "admm-exchange"
+
     def all(self) -> tuple[str, ...]:
         return (self.checkpoints, self.job_events, self.predictions, self.commands, self.dead_letters)

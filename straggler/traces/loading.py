@@ -17,6 +17,7 @@ def load_traces(
     trace: Path | None,
     *,
     checkpoint_seconds: float | None = None,
+    checkpoints_per_job: int | None = None,
     min_tasks: int = 100,
     max_jobs: int | None = None,
     jobs: int = 20,
@@ -24,6 +25,8 @@ def load_traces(
     progress: bool = True,
 ) -> list[JobTrace]:
     """Load (or, for ``synthetic``, generate) the jobs an evaluation or a replay runs on."""
+    if checkpoints_per_job is not None and fmt != "google-2011":
+        raise ValueError("--checkpoints-per-job is implemented for --format google-2011 only")
     if fmt == "google-2011":
         from straggler.traces.google2011 import load_google2011
 
@@ -33,6 +36,7 @@ def load_traces(
             load_google2011(
                 trace,
                 checkpoint_seconds=checkpoint_seconds or 300.0,
+                checkpoints_per_job=checkpoints_per_job,
                 min_tasks=min_tasks,
                 max_jobs=max_jobs,
                 progress=progress,
@@ -62,8 +66,9 @@ def load_traces(
     raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
 
 
-def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every command that reads a trace shares (evaluate, replay, produce)."""
+def add_trace_arguments(parser: argparse.ArgumentParser, *, evaluation: bool = False) -> None:
+    """The options every command that reads a trace shares (evaluate, replay, produce); ``evaluation``
+    adds the per-job checkpoint grid, which a replay cannot use (its checkpoints are cluster-wide)."""
     parser.add_argument("--format", required=True, choices=FORMATS)
     parser.add_argument("--trace", type=Path, default=None, help="trace directory (not needed for synthetic)")
     parser.add_argument("--jobs", type=int, default=20, help="synthetic: number of jobs to generate")
@@ -75,6 +80,15 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint-seconds", type=float, default=None, help="default 300 (Google) / 60 (synthetic)"
     )
+    if not evaluation:
+        return
+    parser.add_argument(
+        "--checkpoints-per-job",
+        type=int,
+        default=None,
+        help="google-2011, evaluation only: N checkpoints evenly over each job's span (the paper's "
+        "normalised time; placing them uses the job's end) instead of every --checkpoint-seconds",
+    )
 
 
 def load_traces_from_args(args: argparse.Namespace, *, progress: bool = True) -> list[JobTrace]:
@@ -83,6 +97,7 @@ def load_traces_from_args(args: argparse.Namespace, *, progress: bool = True) ->
         args.format,
         args.trace,
         checkpoint_seconds=args.checkpoint_seconds,
+        checkpoints_per_job=getattr(args, "checkpoints_per_job", None),
         min_tasks=args.min_tasks,
         max_jobs=args.max_jobs,
         jobs=args.jobs,

@@ -1,0 +1,282 @@
+"""Consensus ADMM rounds over Kafka: one node per partition, vectors only on the wire.
+
+The math lives in `straggler.core.admm`; this module only moves vectors. Each node (a thread here,
+one per partition of the agent) runs synchronous rounds:
+
+1. x-update on its own rows (`ConsensusNode.local_step`), giving its message x_i + u_i;
+2. publish the message to the single-partition exchange topic;
+3. read the topic until it holds every node's message of this round;
+4. replay the consensus step (`Consensus.update`: z = mean of the messages in node order, every
+   dual, the residuals) and set its own dual from it; stop when the residuals are small or the
+   round budget is spent. Every node reads the same messages, so all stop at the same round with
+   bit-identical weights, which equal the in-process `fit_consensus` run's.
+
+A record's value is the message as raw little-endian float64 (exactly ``dim * 8`` bytes); headers
+carry the schema, its version, the run id, the node id and the round. Records of other runs on the
+same topic are skipped. Every wait is bounded by ``round_timeout``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from straggler.core.admm import (
+    Consensus,
+    ConsensusExchange,
+    ConsensusHistory,
+    ConsensusNode,
+    NodeData,
+    RoundRecord,
+)
+from straggler.core.method import FloatArray
+from straggler.kafka.config import (
+    DeliveryCounter,
+    admin_config,
+    consumer_config,
+    producer_config,
+)
+
+SCHEMA = "straggler.admm-exchange"
+VERSION = 1
+WIRE_DTYPE = np.dtype("<f8")
+ADMIN_TIMEOUT_S = 30.0
+
+
+def ensure_exchange_topic(bootstrap: str, topic: str) -> None:
+    """Create the one-partition exchange topic unless it exists (the broker does not auto-create)."""
+    admin = AdminClient(admin_config(bootstrap))
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=1)],
+        operation_timeout=ADMIN_TIMEOUT_S,
+        request_timeout=ADMIN_TIMEOUT_S,
+    )
+    try:
+        futures[topic].result()
+    except KafkaException as exc:
+        error = exc.args[0]
+        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    """The exchange partition's current end: a run reads only what is written after it."""
+    consumer = Consumer(consumer_config(bootstrap, f"admm-probe-{uuid.uuid4().hex}"))
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=ADMIN_TIMEOUT_S)
+        return int(high)
+    finally:
+        consumer.close()
+
+
+def encode(
+    vector: FloatArray, run: str, node: int, round_: int
+) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
+    headers: list[tuple[str, str | bytes | None]] = [
+        ("schema", SCHEMA.encode()),
+        ("version", str(VERSION).encode()),
+        ("run", run.encode()),
+        ("node", str(node).encode()),
+        ("round", str(round_).encode()),
+    ]
+    return np.asarray(vector, dtype=WIRE_DTYPE).tobytes(), headers
+
+
+@dataclass(frozen=True)
+class ExchangeRecord:
+    run: str
+    node: int
+    round: int
+    vector: FloatArray
+
+
+def decode(message: Message) -> ExchangeRecord | None:
+    """The record's vector and coordinates; None for a record that is not an exchange message of ours."""
+    raw = message.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    headers = {k: v.decode() if isinstance(v, bytes) else v for k, v in pairs if v is not None}
+    if headers.get("schema") != SCHEMA:
+        return None
+    if int(headers["version"]) != VERSION:
+        raise ValueError(f"exchange record of version {headers['version']!r}; this node speaks {VERSION}")
+    value = message.value() or b""
+    if isinstance(value, str):
+        raise TypeError("exchange record values are bytes")
+    return ExchangeRecord(
+        run=headers["run"],
+        node=int(headers["node"]),
+        round=int(headers["round"]),
+        vector=np.frombuffer(value, dtype=WIRE_DTYPE).astype(np.float64),
+    )
+
+
+@dataclass
+class NodeOutcome:
+    weights: FloatArray
+    history: list[RoundRecord]
+    messages_per_round: list[int] = field(default_factory=list)
+
+
+def _node_loop(
+    bootstrap: str,
+    topic: str,
+    start: int,
+    run: str,
+    node_id: int,
+    data: NodeData,
+    n_nodes: int,
+    rounds: int,
+    rho: float,
+    lam: float,
+    eps_abs: float,
+    eps_rel: float,
+    round_timeout: float,
+    abort: threading.Event,
+) -> NodeOutcome:
+    node = ConsensusNode(data, n_nodes, rho=rho, lam=lam)
+    state = Consensus(n_nodes, node.dim, rho=rho, eps_abs=eps_abs, eps_rel=eps_rel)
+    producer = Producer(producer_config(bootstrap))
+    consumer = Consumer(consumer_config(bootstrap, f"admm-{run}-{node_id}"))
+    consumer.assign([TopicPartition(topic, 0, start)])
+    delivery = DeliveryCounter()
+    pending: dict[int, dict[int, FloatArray]] = {}
+    outcome = NodeOutcome(weights=state.z, history=[])
+    try:
+        for k in range(rounds):
+            message = node.local_step(state.z)
+            value, headers = encode(message, run, node_id, k)
+            producer.produce(topic, value, f"{run}/{node_id}".encode(), headers=headers, on_delivery=delivery)
+            if producer.flush(round_timeout) > 0:
+                raise TimeoutError(f"node {node_id}: round {k} message not delivered in {round_timeout}s")
+            delivery.raise_on_failure()
+            deadline = time.monotonic() + round_timeout
+            got = pending.setdefault(k, {})
+            while len(got) < n_nodes:
+                if abort.is_set():
+                    raise RuntimeError(f"node {node_id}: aborted, another node failed")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node {node_id}: round {k} has {sorted(got)} of {n_nodes} nodes")
+                msg = consumer.poll(0.1)
+                if msg is None:
+                    continue
+                error = msg.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(error)
+                record = decode(msg)
+                if record is None or record.run != run:
+                    continue
+                pending.setdefault(record.round, {})[record.node] = record.vector
+            del pending[k]
+            outcome.messages_per_round.append(len(got))
+            verdict = state.update([got[j] for j in range(n_nodes)])
+            node.dual_step(state.z)
+            if verdict.converged:
+                break
+    except BaseException:
+        abort.set()
+        raise
+    finally:
+        consumer.close()
+    outcome.weights = state.z.copy()
+    outcome.history = list(state.history)
+    return outcome
+
+
+def run_kafka_consensus(
+    bootstrap: str,
+    topic: str,
+    node_datasets: Sequence[NodeData],
+    rounds: int = 200,
+    *,
+    rho: float = 1.0,
+    lam: float = 1.0,
+    eps_abs: float = 1e-4,
+    eps_rel: float = 1e-3,
+    round_timeout: float = 60.0,
+    run_id: str | None = None,
+) -> tuple[FloatArray, ConsensusHistory]:
+    """Consensus ADMM with one node thread per dataset, rounds exchanged over ``topic``.
+
+    Same arguments and result as `straggler.core.admm.fit_consensus` (plus where the broker is and
+    how long a round may take); raises if any node fails or a round times out, and if the nodes
+    disagree on the final weights (they cannot, unless a record was lost or altered)."""
+    ensure_exchange_topic(bootstrap, topic)
+    start = end_offset(bootstrap, topic)
+    run = run_id or uuid.uuid4().hex
+    n = len(node_datasets)
+    abort = threading.Event()
+    outcomes: list[NodeOutcome | None] = [None] * n
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            outcomes[i] = _node_loop(
+                bootstrap, topic, start, run, i, node_datasets[i], n, rounds,
+                rho, lam, eps_abs, eps_rel, round_timeout, abort,
+            )  # fmt: skip
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=target, args=(i,), name=f"admm-node-{i}", daemon=True) for i in range(n)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + round_timeout * (rounds + 1)
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in threads):
+        abort.set()
+        raise TimeoutError(f"ADMM exchange on {topic!r} did not finish in time")
+    if errors:
+        raise errors[0]
+    done = [o for o in outcomes if o is not None]
+    first = done[0]
+    for i, other in enumerate(done[1:], start=1):
+        if not np.array_equal(other.weights, first.weights) or len(other.history) != len(first.history):
+            raise RuntimeError(f"node {i} ended with other weights than node 0")
+    history = ConsensusHistory(
+        n,
+        len(first.weights),
+        [d.n for d in node_datasets],
+        first.history,
+        transport=f"kafka:{topic}",
+        messages_per_round=first.messages_per_round,
+    )
+    return first.weights, history
+
+
+def kafka_exchange(bootstrap: str, topic: str, *, round_timeout: float = 60.0) -> ConsensusExchange:
+    """`run_kafka_consensus` bound to a broker and topic, for ``Admm.fit_population(exchange=...)``."""
+
+    def exchange(
+        node_datasets: Sequence[NodeData],
+        rounds: int,
+        *,
+        rho: float = 1.0,
+        lam: float = 1.0,
+        eps_abs: float = 1e-4,
+        eps_rel: float = 1e-3,
+    ) -> tuple[FloatArray, ConsensusHistory]:
+        return run_kafka_consensus(
+            bootstrap,
+            topic,
+            node_datasets,
+            rounds,
+            rho=rho,
+            lam=lam,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            round_timeout=round_timeout,
+        )
+
+    return exchange
