@@ -67,6 +67,9 @@ class WorkerSettings:
     pending_grace: float = 30.0
     """How long events of a job wait for its job_event 'started' before they are dead-lettered."""
     datadir: str | None = None
+    admm_interval: float | None = None
+    """Collaborative ADMM in the stream (``--method admm``): seconds between consensus rounds over the
+    agent's partitions (`pipeline.admm_online`); None: off, the method comes from ``--model``."""
 
 
 @dataclass
@@ -85,6 +88,12 @@ def _nan_to_none(value: float) -> float | None:
 
 def method_factory(settings: WorkerSettings) -> Callable[[], StragglerMethod]:
     """A fresh method per job: from the registry, or a copy of the trained cross-job model."""
+    if settings.admm_interval is not None:
+        if settings.method != "admm":
+            raise ValueError(f"--admm-interval is for --method admm, not {settings.method}")
+        if settings.model_path is not None:
+            raise ValueError("--admm-interval learns the model in the stream: leave out --model")
+        return lambda: make_method(settings.method, settings.seed)  # weights: the live consensus
     if settings.model_path is None:
         if make_method(settings.method, settings.seed).learns_across_jobs:
             raise ValueError(
@@ -210,6 +219,11 @@ def create_app(settings: WorkerSettings) -> faust.App:
         "refit_growth": settings.refit_growth,
     }
     store = JobStore(tasks, jobs, models, new_online_job(method_factory(settings), protocol))
+    admm = None
+    if settings.admm_interval is not None:
+        from pipeline.admm_online import install
+
+        admm = install(app, settings, store)
     stats = AgentStats()
     pending: dict[str, list[tuple[float, EventT, TaskCheckpoint | CheckpointBoundary]]] = defaultdict(list)
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
@@ -276,11 +290,18 @@ def create_app(settings: WorkerSettings) -> faust.App:
         else:
             await apply_boundary(event)
 
+    def drop(job_id: str) -> None:
+        if admm is not None:
+            admm.retire(job_id)  # ADMM's node keeps the ended job's rows for a while
+        store.drop(job_id)
+
     async def evaluate(job_id: str, at: float, boundary_produced_at: float | None) -> None:
         meta = store.meta(job_id)
         if meta is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
             stats.ignored += 1
             return  # a duplicate or late boundary: the checkpoint was already evaluated
+        if admm is not None:
+            admm.prepare(store.job(job_id))  # the latest consensus weights
         decisions = store.evaluate(job_id, at)
         now = time.time()
         key = job_id.encode()
@@ -300,7 +321,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         await predictions.send(key=key, value=encode(marker))
         stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
-            store.drop(job_id)
+            drop(job_id)
 
     @app.agent(inputs)
     async def straggler_agent(stream: faust.StreamT[bytes]) -> None:
@@ -348,7 +369,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
             stats.ignored += 1
             return
         if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
-            store.drop(event.job_id)
+            drop(event.job_id)
         else:
             meta.ended_at = event.time
             store.save_meta(event.job_id, meta)

@@ -22,8 +22,13 @@ def _worker(args: argparse.Namespace) -> int:
         pending_grace=args.pending_grace,
         seed=args.seed,
         datadir=args.datadir,
+        admm_interval=args.admm_interval,
     )
     create_changelog_topics(settings)
+    if settings.admm_interval is not None:
+        from pipeline.admm_online import create_topics
+
+        create_topics(settings)
     app = create_app(settings)
     logging.basicConfig(level=args.loglevel.upper())
     worker = Worker(app, loglevel=args.loglevel, quiet=True)
@@ -46,6 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=30.0,
         help="seconds a task event may wait for its job's 'started' event before it is dead-lettered",
+    )
+    p.add_argument(
+        "--admm-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --method admm and no --model: learn it in the stream, one consensus round over the "
+        "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")

@@ -46,5 +46,11 @@ class TopicNames:
         by ``pipeline.admm_exchange`` on first use, so not among the pipeline's topics in ``all()``."""
         return self.prefix + "admm-exchange"
 
+    @property
+    def admm_online_exchange(self) -> str:
+        """ADMM rounds inside the worker (``straggler worker --admm-interval``): one partition, made by
+        ``pipeline.admm_online.create_topics``; a topic of its own, apart from the training exchange."""
+        return self.prefix + "admm-online-exchange"
+
     def all(self) -> tuple[str, ...]:
         return (self.checkpoints, self.job_events, self.predictions, self.commands, self.dead_letters)
