@@ -34,7 +34,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     config = EvaluationConfig(
         methods=methods, threshold=args.threshold, seed=args.seed, refit_growth=args.refit_growth
     )
-    results = evaluate(traces, config, workers=args.workers)
+    try:
+        results = evaluate(traces, config, workers=args.workers)
+    except ImportError as error:  # an optional extra a chosen method needs (e.g. torch for START)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     summary = summarise(results, config)
     command = "straggler " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = write_report(summary, args.out, title=f"Straggler prediction on {args.format}", command=command)
@@ -72,7 +76,11 @@ def _train(args: argparse.Namespace) -> int:
         print("no job in the trace meets --min-tasks", file=sys.stderr)
         return 1
     if args.bootstrap is None:
-        trained = method.fit_population(traces)
+        try:
+            trained = method.fit_population(traces)
+        except ImportError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     else:
         from pipeline.admm_exchange import kafka_exchange
         from straggler.core.admm import Admm

@@ -6,6 +6,7 @@ import math
 import pickle
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -317,3 +318,19 @@ def test_a_job_with_other_features_is_refused(trained: StartMethod) -> None:
     data = CheckpointData(np.zeros((3, 4)), np.ones(3), np.zeros((2, 4)), np.ones(2), 5.0, 10)
     with pytest.raises(ValueError, match="features"):
         trained.predict(data)
+
+
+def test_the_commands_say_which_extra_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from straggler.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    sample = Path(__file__).resolve().parents[1] / "data" / "google-2011-sample"
+    common = ["--format", "google-2011", "--trace", str(sample), "--max-jobs", "2"]
+    assert (
+        main(["evaluate", *common, "--methods", "start", "--workers", "1", "--out", str(tmp_path / "e")]) == 2
+    )
+    assert main(["train", *common, "--method", "start", "--out", str(tmp_path / "m.pkl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("straggler-stream[start]") == 2
