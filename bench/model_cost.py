@@ -35,6 +35,7 @@ from straggler.core.metrics import confusion
 from straggler.core.nurd import make_nurd
 from straggler.core.online import OnlineJob
 from straggler.core.threshold import oracle_threshold
+from straggler.evaluation import observe_interval
 from straggler.traces.jobtrace import JobTrace
 from straggler.traces.synthetic import generate_jobs
 
@@ -62,16 +63,10 @@ def run_job(trace: JobTrace, driver: str, seed: int) -> dict[str, float]:
     )
     index = {task: i for i, task in enumerate(trace.task_ids)}
     flagged = np.zeros(trace.n_tasks, dtype=bool)
-    ids = trace.task_ids
     per_checkpoint: list[float] = []
     for _k, t, finished, gone, running, features in trace.checkpoint_events():
         began = time.perf_counter()
-        for i in finished:
-            job.state.observe_finished(ids[i], trace.finish_features[i], latency[i], trace.end[i])
-        for i in gone:
-            job.state.observe_gone(ids[i], trace.end[i])
-        for row, i in enumerate(running):
-            job.state.observe_running(ids[i], features[row], trace.start[i], t)
+        observe_interval(job.state, trace, t, finished, gone, running, features)
         decisions = job.checkpoint(t)
         per_checkpoint.append(time.perf_counter() - began)
         for d in decisions:

@@ -21,13 +21,14 @@ from typing import Any, Literal
 import numpy as np
 from tqdm import tqdm
 
+from straggler.core.jobstate import JobState
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method
 from straggler.core.scheduling import relaunch_latencies, simulate_relaunches
 from straggler.core.threshold import oracle_threshold
-from straggler.traces.jobtrace import FloatArray, JobTrace
+from straggler.traces.jobtrace import FloatArray, IntArray, JobTrace
 
 ThresholdMode = Literal["oracle", "online"]
 MACHINE_COUNTS = (100, 200, 300, 400, 500, 600, 700, 800, 900)
@@ -98,15 +99,29 @@ def replay_decisions(
         candidates = np.flatnonzero(scored)
         granted = rng.choice(candidates, size=max(2, (2 * len(candidates)) // 3), replace=False)
         method.grant_labels(trace.finish_features[granted], latency[granted] >= oracle)
-    ids = trace.task_ids
     for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        for i in finished:
-            job.state.observe_finished(ids[i], trace.finish_features[i], latency[i], trace.end[i])
-        for i in gone:
-            job.state.observe_gone(ids[i], trace.end[i])
-        for row, i in enumerate(running):
-            job.state.observe_running(ids[i], features[row], trace.start[i], t)
+        observe_interval(job.state, trace, t, finished, gone, running, features)
         yield job.checkpoint(t)
+
+
+def observe_interval(
+    state: JobState,
+    trace: JobTrace,
+    t: float,
+    finished: IntArray,
+    gone: IntArray,
+    running: IntArray,
+    features: FloatArray,
+) -> None:
+    """Apply to ``state`` what the stream delivers up to checkpoint ``t`` (one `checkpoint_events`
+    step), in the replayer's order: finishes, other ends, then the running tasks' snapshots."""
+    ids = trace.task_ids
+    for i in finished:  # end - start is `trace.latency`, without building that array every checkpoint
+        state.observe_finished(ids[i], trace.finish_features[i], trace.end[i] - trace.start[i], trace.end[i])
+    for i in gone:
+        state.observe_gone(ids[i], trace.end[i])
+    for row, i in enumerate(running):
+        state.observe_running(ids[i], features[row], trace.start[i], t)
 
 
 def flag_times(
