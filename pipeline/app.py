@@ -27,6 +27,7 @@ from typing import Any, cast
 import faust
 from faust.types import EventT
 
+from pipeline.durability import acknowledged, drain_fully
 from pipeline.jobstore import JobStore, feature_vector, new_online_job
 from schemas import (
     CheckpointBoundary,
@@ -195,6 +196,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         datadir=settings.datadir,
     )
+    drain_fully(app.producer)  # every commit waits for all buffered rows (`pipeline.durability`)
     inputs = app.topic(names.checkpoints, names.job_events, key_type=bytes, value_type=bytes)
     predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
     dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
@@ -300,25 +302,30 @@ def create_app(settings: WorkerSettings) -> faust.App:
         if meta is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
             stats.ignored += 1
             return  # a duplicate or late boundary: the checkpoint was already evaluated
+        job, meta = store.job(job_id), store.meta(job_id)  # the cached pair, kept current below
+        assert job is not None and meta is not None
         if admm is not None:
-            admm.prepare(store.job(job_id))  # the latest consensus weights
+            admm.prepare(job)  # the latest consensus weights
+        # The order of writes is what makes a killed worker recover exactly (`pipeline.jobstore`).
         decisions = store.evaluate(job_id, at)
         now = time.time()
         key = job_id.encode()
         for d in decisions:
             await predictions.send(key=key, value=encode(prediction_event(d, settings.method, now)))
-        meta = store.meta(job_id)
-        assert meta is not None
         marker = CheckpointEvaluated(
             job_id=job_id,
             checkpoint_time=at,
             evaluated=len(decisions),
             flagged=sum(d.is_straggler for d in decisions),
-            model_version=meta.model_version,
+            model_version=job.model_version,
             boundary_produced_at=boundary_produced_at,
             produced_at=time.time(),
         )
         await predictions.send(key=key, value=encode(marker))
+        await acknowledged(app.producer)  # flags, model and predictions are on the broker
+        store.record_evaluation(job_id, at)
+        await acknowledged(app.producer)  # so is the job row, before any later write of the job
+        store.retire_models(job_id)
         stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
             drop(job_id)

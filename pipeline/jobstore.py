@@ -7,15 +7,31 @@ changelog partition of the job's own partition (the topics are co-partitioned):
             when it was flagged. A task event rewrites one row, never a whole job.
 ``jobs``    one row per job: expected tasks, feature names, model version, size of the finished set
             at the last fit, whether it is calibrated, last evaluated checkpoint, live or replayed.
-``models``  the fitted method of each job, pickled at every refit (about 15 per job), so a recovered
-            worker predicts with exactly the model it had, instead of a refit on different data.
+``models``  the fitted method of each job, pickled at every refit (about 15 per job) under
+            ``job \x1f version``, so a recovered worker predicts with exactly the model it had, instead
+            of a refit on different data.
 
 The in-memory ``OnlineJob`` objects are a cache derived from the tables: dropped whenever partitions
 are revoked or assigned, rebuilt from the tables on the next event of the job.
+
+A checkpoint changes all three tables, and the changelogs are separate topics: a killed worker can
+leave any subset of its last writes behind. The job row is therefore the commit record of a
+checkpoint, written in this order by the agent:
+
+1. `evaluate` writes the checkpoint's flags and new model (under a new version key), not the job row;
+2. the agent publishes the predictions and waits until all of it is acknowledged;
+3. `record_evaluation` writes the job row, and the agent waits for that too before it writes anything
+   else of the job (later task rows must never outlive a lost job row);
+4. `retire_models` deletes the model the row no longer names.
+
+A rebuild trusts the job row alone: it loads the model version the row names and drops flags raised
+after the row's last evaluated checkpoint, so a checkpoint whose job row was lost is evaluated again
+from exactly the state it first saw.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
@@ -30,10 +46,15 @@ from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
 
 SEPARATOR = "\x1f"
+log = logging.getLogger(__name__)
 
 
 def task_key(job_id: str, task_id: str) -> bytes:
     return f"{job_id}{SEPARATOR}{task_id}".encode()
+
+
+def model_key(job_id: str, version: int) -> bytes:
+    return f"{job_id}{SEPARATOR}{version}".encode()
 
 
 def encode_task(record: TaskRecord, flagged_at: float | None) -> bytes:
@@ -42,11 +63,11 @@ def encode_task(record: TaskRecord, flagged_at: float | None) -> bytes:
         {
             "s": int(record.status),
             "x": features,
-            "st": record.start,
-            "t": record.observed_at,
-            "a": record.attempt,
-            "l": None if math.isnan(record.latency) else record.latency,
-            "f": flagged_at,
+            "st": float(record.start),
+            "t": float(record.observed_at),
+            "a": int(record.attempt),
+            "l": None if math.isnan(record.latency) else float(record.latency),
+            "f": None if flagged_at is None else float(flagged_at),
         }
     )
 
@@ -132,30 +153,41 @@ class JobStore:
             return None
         job = self.make_job(job_id, meta)
         prefix = f"{job_id}{SEPARATOR}".encode()
-        for key, payload in self._rows(prefix):
+        evaluated = meta.last_evaluated
+        for key, payload in self._rows(self.tasks, prefix):
             record, flagged_at = decode_task(payload)
             task_id = key[len(prefix) :].decode()
             job.state.tasks[task_id] = record
-            if flagged_at is not None:
-                job.state.flagged[task_id] = flagged_at
-        model = self.models.get(job_id.encode())
-        if model is not None:
-            job.method = pickle.loads(model)
+            if flagged_at is not None and evaluated is not None and flagged_at <= evaluated:
+                job.state.flagged[task_id] = flagged_at  # later flags belong to an uncommitted checkpoint
         job.model_version = meta.model_version
         job.fitted_on = meta.fitted_on
         job.calibrated = meta.calibrated
+        if meta.model_version > 0:
+            model = self.models.get(model_key(job_id, meta.model_version))
+            if model is not None:
+                job.method = pickle.loads(model)
+            else:  # only if the changelog itself lost a durable write: refit at the next checkpoint
+                log.error("job %r: model version %d is missing; refitting", job_id, meta.model_version)
+                job.fitted_on = 0
+                job.calibrated = False
         self._cache[job_id] = (meta, job)
         return job
 
-    def _rows(self, prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
-        return [(k, v) for k, v in self.tasks.items() if k.startswith(prefix)]
+    @staticmethod
+    def _rows(table: MutableMapping[bytes, bytes], prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
+        return [(k, v) for k, v in table.items() if k.startswith(prefix)]
 
     def put_task(self, job: OnlineJob, task_id: str) -> None:
         record = job.state.tasks[task_id]
         self.tasks[task_key(job.job_id, task_id)] = encode_task(record, job.state.flagged.get(task_id))
 
     def evaluate(self, job_id: str, at: float) -> list[Decision]:
-        """Run the job's checkpoint at ``at`` and persist what it changed."""
+        """Run the job's checkpoint at ``at``; write its flags and any new model, not the job row.
+
+        The caller publishes the decisions, makes every write durable, then calls
+        `record_evaluation` (see the module docstring for why in that order).
+        """
         job = self.job(job_id)
         meta = self.meta(job_id)
         if job is None or meta is None:
@@ -166,23 +198,41 @@ class JobStore:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
         if job.model_version != version_before:
-            self.models[job_id.encode()] = pickle.dumps(job.method)
+            self.models[model_key(job_id, job.model_version)] = pickle.dumps(job.method)
+        return decisions
+
+    def record_evaluation(self, job_id: str, at: float) -> None:
+        """Commit the checkpoint at ``at``: write the job row."""
+        job = self.job(job_id)
+        meta = self.meta(job_id)
+        if job is None or meta is None:
+            return
         meta.model_version = job.model_version
         meta.fitted_on = job.fitted_on
         meta.calibrated = job.calibrated
         meta.last_evaluated = at
         self.save_meta(job_id, meta)
-        return decisions
+
+    def retire_models(self, job_id: str) -> None:
+        """Delete the models the job row no longer names; only once that row is durable."""
+        meta = self.meta(job_id)
+        current = None if meta is None else model_key(job_id, meta.model_version)
+        for key in self._model_keys(job_id):
+            if key != current:
+                del self.models[key]
+
+    def _model_keys(self, job_id: str) -> list[bytes]:
+        return [k for k, _ in self._rows(self.models, f"{job_id}{SEPARATOR}".encode())]
 
     def drop(self, job_id: str) -> int:
         """Forget a finished job: delete its rows (tombstones in the changelogs)."""
-        prefix = f"{job_id}{SEPARATOR}".encode()
-        keys = [k for k, _ in self._rows(prefix)]
+        keys = [k for k, _ in self._rows(self.tasks, f"{job_id}{SEPARATOR}".encode())]
         for key in keys:
             del self.tasks[key]
-        for table in (self.jobs, self.models):
-            if job_id.encode() in table:
-                del table[job_id.encode()]
+        for key in self._model_keys(job_id):
+            del self.models[key]
+        if job_id.encode() in self.jobs:
+            del self.jobs[job_id.encode()]
         self._cache.pop(job_id, None)
         return len(keys)
 

@@ -152,21 +152,12 @@ def _check(result: ScenarioResult) -> None:
     assert result.ok, details
 
 
-WORKER_KILL_DIVERGES = pytest.mark.xfail(
-    reason="issue #5, open: after a SIGKILL the restarted worker can make a decision the uninterrupted run "
-    "does not (1 extra flag in 1 of 3 runs on 2026-11-21). Suspected: the job's rows are written to three "
-    "changelogs (tasks, jobs, models) without atomicity, so a kill can persist the job row without its "
-    "model or flags, or the reverse; see docs/reliability.md, Known limits",
-    strict=False,
-)
-
-
 @pytest.mark.broker
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "scenario",
     [
-        pytest.param("worker-kill", marks=WORKER_KILL_DIVERGES),
+        "worker-kill",
         "mitigator-kill",
         "duplicates",
         "worker-leaves",

@@ -1,0 +1,151 @@
+"""A job rebuilt from whatever part of a checkpoint's writes survived decides as if nothing happened.
+
+The worker-kill fault test (tests/test_faults.py) shows this end to end, but a kill lands at a random
+moment; here each cut between the writes of one checkpoint is made on purpose, on plain dicts
+standing in for the three tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from pipeline import durability
+from pipeline.durability import complete_flush
+from pipeline.jobstore import JobStore, new_online_job
+from straggler.core.nurd import make_nurd
+from straggler.core.online import Decision
+from straggler.evaluation import observe_interval
+from straggler.traces.jobtrace import JobTrace
+from straggler.traces.synthetic import generate_jobs
+
+Tables = tuple[dict[bytes, bytes], dict[bytes, bytes], dict[bytes, bytes]]
+
+
+def store_over(tables: Tables) -> JobStore:
+    """A worker's store, with nothing cached: what a restarted worker has after recovery."""
+    factory = new_online_job(lambda: make_nurd("nurd"), {"quantile": 0.9, "refit_growth": 0.25})
+    return JobStore(*tables, make_job=factory)
+
+
+def copy_of(tables: Tables) -> Tables:
+    return (dict(tables[0]), dict(tables[1]), dict(tables[2]))
+
+
+def verdicts(decisions: list[Decision]) -> list[tuple[str, bool, float]]:
+    return [(d.task_id, d.is_straggler, round(d.adjusted_latency, 9)) for d in decisions]
+
+
+@pytest.fixture(scope="module")
+def trace() -> JobTrace:
+    return generate_jobs(1, seed=0, min_tasks=400, max_tasks=400)[0]
+
+
+def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobStore]]:
+    """Feed the job's task events through a store (every row written, as the agent would) and yield
+    before each checkpoint is evaluated."""
+    store = store_over(tables)
+    store.start(trace.job_id, trace.expected_tasks, list(trace.feature_names), live=False)
+    for _k, t, finished, gone, running, features in trace.checkpoint_events():
+        job = store.job(trace.job_id)
+        assert job is not None
+        observe_interval(job.state, trace, t, finished, gone, running, features)
+        for task_id in job.state.tasks:
+            store.put_task(job, task_id)
+        yield t, store
+
+
+def cut_at_refit_with_flags(trace: JobTrace) -> tuple[Tables, Tables, float, list[Decision]]:
+    """Run the job to its first checkpoint that refits *and* flags; return the tables as they were
+    before that checkpoint's job row (the cut), as they are after it commits, its time and decisions."""
+    tables: Tables = ({}, {}, {})
+    for t, store in checkpoints(trace, tables):
+        version = store.job(trace.job_id).model_version  # type: ignore[union-attr]
+        decisions = store.evaluate(trace.job_id, t)
+        refitted = store.job(trace.job_id).model_version != version  # type: ignore[union-attr]
+        if refitted and version > 0 and any(d.is_straggler for d in decisions):
+            cut = copy_of(tables)
+            store.record_evaluation(trace.job_id, t)
+            store.retire_models(trace.job_id)
+            return cut, tables, t, decisions
+        store.record_evaluation(trace.job_id, t)
+        store.retire_models(trace.job_id)
+    raise AssertionError("the synthetic job never refitted at a checkpoint with a flag")
+
+
+def test_a_checkpoint_whose_job_row_was_lost_is_evaluated_again_to_the_same_decisions(
+    trace: JobTrace,
+) -> None:
+    cut, _, t, decisions = cut_at_refit_with_flags(trace)
+    rebuilt = store_over(cut)
+    job = rebuilt.job(trace.job_id)
+    assert job is not None
+    flagged_now = {d.task_id for d in decisions if d.is_straggler}
+    assert not flagged_now & set(job.state.flagged), "flags of the uncommitted checkpoint came back"
+    assert len(cut[2]) == 2, "the new model and the one the job row names are both kept"
+    assert verdicts(rebuilt.evaluate(trace.job_id, t)) == verdicts(decisions)
+
+
+def test_a_job_rebuilt_before_any_checkpoint_decides_as_the_cached_one(trace: JobTrace) -> None:
+    """A worker killed between two boundaries, after the task events, before the next boundary."""
+    tables: Tables = ({}, {}, {})
+    flags = 0
+    evaluated = 0
+    for t, store in checkpoints(trace, tables):
+        rebuilt = store_over(copy_of(tables))
+        expected = store.evaluate(trace.job_id, t)
+        assert verdicts(rebuilt.evaluate(trace.job_id, t)) == verdicts(expected), f"checkpoint {t}"
+        store.record_evaluation(trace.job_id, t)
+        store.retire_models(trace.job_id)
+        assert len(tables[2]) <= 1, "a superseded model outlived the job row that replaced it"
+        flags += sum(d.is_straggler for d in expected)
+        evaluated += bool(expected)
+    assert evaluated >= 5 and flags > 0
+
+
+def test_a_missing_model_version_means_a_refit_not_a_crash(trace: JobTrace) -> None:
+    _, committed, _, _ = cut_at_refit_with_flags(trace)
+    broken = copy_of(committed)
+    broken[2].clear()
+    job = store_over(broken).job(trace.job_id)
+    assert job is not None
+    assert job.fitted_on == 0 and job.model_version > 0
+
+
+class SlowBuffer:
+    """Faust's buffer as a long NURD fit leaves it: flush rounds that time out before any progress."""
+
+    def __init__(self, size: int, stalls_per_message: int) -> None:
+        self.size = size
+        self.stalls = stalls_per_message
+        self.calls = 0
+
+    async def flush_atmost(self, max_messages: int | None) -> int:
+        self.calls += 1
+        if self.calls % (self.stalls + 1):
+            return 0  # 0.1 s passed and no message left the buffer
+        self.size -= 1
+        return 1
+
+
+def test_the_complete_flush_waits_until_the_buffer_is_empty() -> None:
+    buffer = SlowBuffer(size=5, stalls_per_message=3)
+    asyncio.run(complete_flush(buffer)())
+    assert buffer.size == 0 and buffer.calls == 20
+
+
+def test_a_stalled_buffer_fails_the_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(durability, "STALL_LIMIT_S", 0.5)
+    buffer = SlowBuffer(size=1, stalls_per_message=10**9)
+    with pytest.raises(RuntimeError, match="stalled"):
+        asyncio.run(complete_flush(buffer)())
+    assert buffer.size == 1 and buffer.calls == 5
+
+
+def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
+    from pipeline.app import WorkerSettings, create_app
+
+    app = create_app(WorkerSettings(bootstrap="127.0.0.1:9"))  # nothing is contacted
+    assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
