@@ -84,7 +84,8 @@ def raw_rate(
             bar.reset()
             while seen < total and time.monotonic() < deadline:
                 good = 0
-                for message in consumer.consume(num_messages=BATCH, timeout=1.0):
+                # No more than what is left: consume() waits out its timeout for a batch it cannot fill.
+                for message in consumer.consume(num_messages=min(BATCH, total - seen), timeout=1.0):
                     if message.error() is not None:
                         continue
                     value = message.value() or b""

@@ -354,6 +354,40 @@ def test_an_ended_job_is_dropped_once_later_markers_show_it_cannot_act_again() -
     assert state.active_jobs == {"other"}
 
 
+class QueuedConsumer:
+    """Stands in for confluent-kafka's consume(): ``waited`` counts the calls that would block."""
+
+    def __init__(self, queued: int) -> None:
+        self.queued = queued
+        self.waited = 0
+
+    def consume(self, num_messages: int, timeout: float) -> list[object]:
+        take = min(num_messages, self.queued)
+        if take < num_messages and timeout > 0:
+            self.waited += 1  # the real call would wait out its timeout for the rest of the batch
+        self.queued -= take
+        return [QueuedMessage() for _ in range(take)]
+
+
+class QueuedMessage:
+    def error(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("queued", [1, 7, 499])
+def test_the_consumer_takes_what_has_arrived_without_waiting_for_a_full_batch(queued: int) -> None:
+    consumer = QueuedConsumer(queued)
+    mitigator = MitigationConsumer("127.0.0.1:9", "unlimited", batch_size=500)
+    records = mitigator._consume(consumer, 500)  # type: ignore[arg-type]
+    assert len(records) == queued and consumer.waited == 0
+
+
+def test_the_consumer_waits_for_one_record_when_none_has_arrived() -> None:
+    consumer = QueuedConsumer(0)
+    assert MitigationConsumer("127.0.0.1:9", "unlimited")._consume(consumer, 500) == []  # type: ignore[arg-type]
+    assert consumer.waited == 1
+
+
 # ---------------------------------------------------------------- policies through a real broker
 
 

@@ -5,9 +5,9 @@ import pytest
 from jobs_for_tests import make_job
 
 from straggler.core.method import CheckpointData
-from straggler.core.nurd import PRESETS, centroid_calibration, make_nurd, mostly_right
+from straggler.core.nurd import PRESETS, Nurd, centroid_calibration, make_nurd, mostly_right
 from straggler.core.online import OnlineJob
-from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
+from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times, observe_interval
 from straggler.traces.jobtrace import JobTrace
 
 
@@ -102,7 +102,7 @@ def _with_longer_task(trace: JobTrace, task: int, extra: float) -> JobTrace:
     return dataclasses.replace(trace, end=end, running_index=running_index, running_features=running_features)
 
 
-@pytest.mark.parametrize("method", ["nurd", "nurd-paper", "gbtr"])
+@pytest.mark.parametrize("method", ["nurd", "nurd-warm", "nurd-paper", "gbtr"])
 def test_decisions_never_depend_on_a_running_task_future(method: str) -> None:
     """Honesty: lengthening a task's future run changes nothing decided before it would have finished."""
     trace = make_job(200, signal=1.0, seed=6)
@@ -123,3 +123,54 @@ def test_a_strength_needs_confident_evidence_that_its_added_flags_are_mostly_rig
     assert not mostly_right(0, 0, 0.85)
     # more confidence asks for more evidence
     assert mostly_right(2, 0, 0.85) and not mostly_right(2, 0, 0.9)
+
+
+def _fits_and_final_method(
+    trace: JobTrace, preset: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, int, Nurd]:
+    """Replay ``trace`` through an `OnlineJob`; count XGBoost regressors built and refits made."""
+    built = 0
+    make_regressor = Nurd._regressor
+
+    def counting(self: Nurd) -> object:
+        nonlocal built
+        built += 1
+        return make_regressor(self)
+
+    monkeypatch.setattr(Nurd, "_regressor", counting)
+    method = make_nurd(preset)
+    job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
+    for _k, t, finished, gone, running, features in trace.checkpoint_events():
+        observe_interval(job.state, trace, t, finished, gone, running, features)
+        job.checkpoint(t)
+    monkeypatch.undo()
+    return built, job.model_version, method
+
+
+def test_warm_nurd_fits_one_regressor_per_refit_once_it_has_a_past(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes nurd-warm cheap: the backtest and the skill reuse the job's previous fits."""
+    trace = make_job(1200, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
+    cold_built, cold_refits, _ = _fits_and_final_method(trace, "nurd", monkeypatch)
+    warm_built, warm_refits, warm = _fits_and_final_method(trace, "nurd-warm", monkeypatch)
+    assert warm_refits == cold_refits > 5
+    assert cold_built > 4 * cold_refits  # regressor, 3 skill folds, and the backtest's probes
+    # cold estimates only while there is no past: the first fits pay 4 (regressor + 3 folds)
+    assert warm_built <= warm_refits + 3 * 3
+    assert len(warm.history_) == warm.history and all(not past.history_ for past in warm.history_)
+
+
+@pytest.mark.parametrize(("signal", "low", "high"), [(1.0, 0.5, 1.0), (0.0, 0.0, 0.1)])
+def test_warm_skill_is_how_well_past_fits_predicted_later_tasks(
+    signal: float, low: float, high: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, warm = _fits_and_final_method(make_job(600, signal=signal, seed=5), "nurd-warm", monkeypatch)
+    assert low <= warm.skill_ <= high
+
+
+def test_warm_nurd_flags_a_visible_slow_machine_group_earlier_than_reactive() -> None:
+    trace = make_job(1200, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
+    config = EvaluationConfig(methods=("nurd-warm", "reactive"), threshold="online", machine_counts=())
+    result = evaluate_job(trace, config).per_method
+    assert result["nurd-warm"]["lead_time"] > result["reactive"]["lead_time"] + 0.05
+    assert result["nurd-warm"]["fpr"] < 0.05
+    assert result["nurd-warm"]["f1"] > 0.85

@@ -34,10 +34,17 @@ One class, four presets (see `PRESETS`):
                   explains nothing cannot push predictions over the threshold by noise.
                 With no signal NURD thus reduces to the elapsed-time floor the job driver applies: the
                 reactive rule.
+``nurd-warm``   ``nurd`` that learns from its own past fits instead of refitting copies of itself
+                (``warm_start=True``): the backtest judges the job's previous models at the moments
+                they were fitted, and the skill is how well the previous models predicted the tasks
+                that finished after them (prequential R^2). One XGBoost fit per refit instead of about
+                16; the cold estimates remain for a job's first fits, when there is no past to use.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from typing import Any, Literal, Self
 
 import numpy as np
@@ -97,6 +104,8 @@ class Nurd(StragglerMethod):
         learning_rate: float = 0.1,
         skill_folds: int = 3,
         evidence: float = 0.85,
+        warm_start: bool = False,
+        history: int = 3,
         n_threads: int = 1,
         random_state: int = 0,
     ) -> None:
@@ -111,6 +120,8 @@ class Nurd(StragglerMethod):
         self.learning_rate = learning_rate
         self.skill_folds = skill_folds
         self.evidence = evidence
+        self.warm_start = warm_start
+        self.history = history
         self.n_threads = n_threads
         self.random_state = random_state
 
@@ -150,9 +161,41 @@ class Nurd(StragglerMethod):
         r2 = 1.0 - float(np.mean((y - oof) ** 2)) / float(np.var(y))
         return float(np.clip(r2, 0.0, 1.0))
 
+    def _past_fits(self, data: CheckpointData) -> list[Nurd]:
+        """This job's previous fits (oldest first), if warm-started and the data says when it is."""
+        if not self.warm_start or data.at is None or data.finish_time is None:
+            return []
+        return list(getattr(self, "history_", []))
+
+    def _prequential_skill(self, data: CheckpointData, past: list[Nurd]) -> float | None:
+        """R^2 of the previous fits on the tasks that finished after them, each task judged by the
+        last fit made before it finished, against that fit's mean; None if fewer than
+        ``3 * skill_folds`` such tasks. Out of sample by construction, and it measures the models as
+        they were used: on tasks that were still running when they were fitted."""
+        assert data.finish_time is not None
+        y = self._target(data.latency_finished)
+        judged_by = np.full(len(y), -1)
+        for j, fit in enumerate(past):
+            judged_by[data.finish_time > fit.fitted_at_] = j
+        if int(np.sum(judged_by >= 0)) < 3 * self.skill_folds:
+            return None
+        error = baseline = 0.0
+        for j, fit in enumerate(past):
+            mine = judged_by == j
+            if not mine.any():
+                continue
+            X = fit.scaler_.transform(data.X_finished[mine])
+            guess = fit.regressor_.predict(X) if fit.regressor_ is not None else fit.mean_target_
+            error += float(np.sum((y[mine] - guess) ** 2))
+            baseline += float(np.sum((y[mine] - fit.mean_target_) ** 2))
+        if baseline <= 1e-12:
+            return 0.0
+        return float(np.clip(1.0 - error / baseline, 0.0, 1.0))
+
     def fit(self, data: CheckpointData) -> Self:
         if not hasattr(self, "delta_"):
             self.calibrate(data)
+        past = self._past_fits(data)
         observed = np.vstack([data.X_finished, data.X_running])
         self.scaler_ = Standardiser.learn(observed, observed)
         X_fin = self.scaler_.transform(data.X_finished)
@@ -161,7 +204,10 @@ class Nurd(StragglerMethod):
         self.regressor_: xgb.XGBRegressor | None = None
         if len(y) >= 2 and float(np.var(y)) > 1e-12:
             self.regressor_ = self._regressor().fit(X_fin, y)
-        self.skill_ = self._skill(X_fin, y) if self.gate in ("skill", "backtest") else 1.0
+        self.skill_ = 1.0
+        if self.gate in ("skill", "backtest"):
+            skill = self._prequential_skill(data, past) if past else None
+            self.skill_ = self._skill(X_fin, y) if skill is None else skill
 
         self.propensity_: LogisticRegression | None = None
         if self.weighting != "none" and data.n_running > 0 and data.n_finished > 0:
@@ -175,10 +221,29 @@ class Nurd(StragglerMethod):
             ).fit(X, labels)
         self.strength_ = self.skill_ if self.gate == "skill" else 1.0
         if self.gate == "backtest" and self.weighting == "density":
-            self.strength_ = self._backtest_strength(data)
+            self.strength_ = self._backtest_strength(data, past)
+        if self.warm_start and data.at is not None:
+            self.fitted_at_ = float(data.at)
+            snapshot: Nurd = copy.copy(self)
+            self.history_: list[Nurd] = [*past, snapshot][-self.history :]
+            snapshot.history_ = []  # a fit remembers its predecessors, they do not
         return self
 
-    def _backtest_strength(self, data: CheckpointData) -> float:
+    def _rewinds(self, data: CheckpointData, past: list[Nurd]) -> Iterator[tuple[float, Nurd | None]]:
+        """The past moments the backtest replays, with the model that predicted then (None: refit it).
+
+        Cold: when a quarter, a half and three quarters of today's finished tasks had finished.
+        Warm: the moments of the job's previous fits, with those very models."""
+        if past:
+            for fit in past:
+                yield fit.fitted_at_, fit
+            return
+        assert data.finish_time is not None
+        ordered = np.sort(data.finish_time)
+        for share in (0.25, 0.5, 0.75):
+            yield float(ordered[int(share * len(ordered)) - 1]), None
+
+    def _backtest_strength(self, data: CheckpointData, past: list[Nurd]) -> float:
         """Pick the weight's strength that would have done best over this job's own past.
 
         The job is rewound to the moments a quarter, a half and three quarters of today's finished
@@ -190,7 +255,8 @@ class Nurd(StragglerMethod):
         conservative. A strength is admissible only if the flags it adds to strength 0 were mostly
         right with confidence ``evidence`` (`mostly_right`: precision above 1/2, the break-even point
         at which an extra flag helps F1); among admissible strengths the best F1 wins, a tie going to
-        the weaker. Everything used is known at this checkpoint.
+        the weaker. Everything used is known at this checkpoint. A warm-started NURD replays its own
+        previous fits instead of refitting (`_rewinds`).
         """
         if data.at is None or data.finish_time is None or data.start_running is None:
             return 0.0
@@ -203,31 +269,32 @@ class Nurd(StragglerMethod):
             return 0.0  # too few confirmed stragglers for any evidence: spare the refits below
         flagged = np.zeros((len(STRENGTHS), len(truth)), dtype=bool)
         judged = np.zeros(len(truth), dtype=bool)
-        ordered = np.sort(finish)
-        for share in (0.25, 0.5, 0.75):
-            rewind = float(ordered[int(share * len(finish)) - 1])
+        X_all = np.vstack([data.X_finished, data.X_running])
+        for rewind, model in self._rewinds(data, past):
             done_then = finish <= rewind
             running_then = np.r_[~done_then & (start_finished <= rewind), data.start_running <= rewind]
             if done_then.sum() < 3 or running_then.sum() < 3:
                 continue
             starts = np.r_[start_finished, data.start_running][running_then]
-            past = CheckpointData(
-                X_finished=data.X_finished[done_then],
-                latency_finished=latency[done_then],
-                X_running=np.vstack([data.X_finished, data.X_running])[running_then],
-                elapsed_running=rewind - starts,
-                threshold=data.threshold,
-                expected_tasks=data.expected_tasks,
-                at=rewind,
-                finish_time=finish[done_then],
-                start_running=starts,
-            )
-            probe = Nurd(**{**self.get_params(), "gate": "skill"}).fit(past)
-            X = probe.scaler_.transform(past.X_running)
-            raw = probe._raw_latency(X)
-            ratio = np.clip(probe._density_ratio(X), self.eps, 1.0)
+            elapsed_then = rewind - starts
+            if model is None:
+                then = CheckpointData(
+                    X_finished=data.X_finished[done_then],
+                    latency_finished=latency[done_then],
+                    X_running=X_all[running_then],
+                    elapsed_running=elapsed_then,
+                    threshold=data.threshold,
+                    expected_tasks=data.expected_tasks,
+                    at=rewind,
+                    finish_time=finish[done_then],
+                    start_running=starts,
+                )
+                model = Nurd(**{**self.get_params(), "gate": "skill", "warm_start": False}).fit(then)
+            X = model.scaler_.transform(X_all[running_then])
+            raw = model._raw_latency(X)
+            ratio = np.clip(model._density_ratio(X), self.eps, 1.0)
             for row, strength in enumerate(STRENGTHS):
-                predicted = np.maximum(raw / ratio**strength, past.elapsed_running) >= data.threshold
+                predicted = np.maximum(raw / ratio**strength, elapsed_then) >= data.threshold
                 flagged[row, running_then] |= predicted
             judged |= running_then
         if not (truth & judged).any():
@@ -297,6 +364,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "nurd-paper": {"weighting": "paper", "gate": "none", "log_target": False, "balanced_propensity": False},
     "nurd-nc": {"weighting": "nc", "gate": "none", "log_target": False, "balanced_propensity": False},
     "gbtr": {"weighting": "none", "gate": "none", "log_target": False},
+    "nurd-warm": {"warm_start": True},
 }
 
 
