@@ -323,9 +323,9 @@ def create_app(settings: WorkerSettings) -> faust.App:
         )
         await predictions.send(key=key, value=encode(marker))
         await acknowledged(app.producer)  # flags, model and predictions are on the broker
-        store.record_evaluation(job_id, at)
+        store.record_evaluation(job_id, at, job, meta)
         await acknowledged(app.producer)  # so is the job row, before any later write of the job
-        store.retire_models(job_id)
+        store.retire_models(job_id, keep=job.model_version)
         stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
             drop(job_id)

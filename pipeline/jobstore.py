@@ -201,22 +201,21 @@ class JobStore:
             self.models[model_key(job_id, job.model_version)] = pickle.dumps(job.method)
         return decisions
 
-    def record_evaluation(self, job_id: str, at: float) -> None:
-        """Commit the checkpoint at ``at``: write the job row."""
-        job = self.job(job_id)
-        meta = self.meta(job_id)
-        if job is None or meta is None:
-            return
+    def record_evaluation(self, job_id: str, at: float, job: OnlineJob, meta: JobMeta) -> None:
+        """Commit the checkpoint at ``at``: write the job row of ``job``, the object `evaluate` ran.
+
+        Not looked up again: a rebalance between `evaluate` and this call (the agent awaits the
+        broker in between) clears the cache, and a job rebuilt from the tables would still name
+        the previous model and drop this checkpoint's flags."""
         meta.model_version = job.model_version
         meta.fitted_on = job.fitted_on
         meta.calibrated = job.calibrated
         meta.last_evaluated = at
         self.save_meta(job_id, meta)
 
-    def retire_models(self, job_id: str) -> None:
-        """Delete the models the job row no longer names; only once that row is durable."""
-        meta = self.meta(job_id)
-        current = None if meta is None else model_key(job_id, meta.model_version)
+    def retire_models(self, job_id: str, keep: int) -> None:
+        """Delete the job's models other than version ``keep``; only once the row naming it is durable."""
+        current = model_key(job_id, keep)
         for key in self._model_keys(job_id):
             if key != current:
                 del self.models[key]

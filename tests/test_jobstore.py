@@ -57,6 +57,14 @@ def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobSto
         yield t, store
 
 
+def commit(store: JobStore, job_id: str, t: float) -> None:
+    """What the agent does once the checkpoint's writes are acknowledged."""
+    job, meta = store.job(job_id), store.meta(job_id)
+    assert job is not None and meta is not None
+    store.record_evaluation(job_id, t, job, meta)
+    store.retire_models(job_id, keep=job.model_version)
+
+
 def cut_at_refit_with_flags(trace: JobTrace) -> tuple[Tables, Tables, float, list[Decision]]:
     """Run the job to its first checkpoint that refits *and* flags; return the tables as they were
     before that checkpoint's job row (the cut), as they are after it commits, its time and decisions."""
@@ -67,11 +75,9 @@ def cut_at_refit_with_flags(trace: JobTrace) -> tuple[Tables, Tables, float, lis
         refitted = store.job(trace.job_id).model_version != version  # type: ignore[union-attr]
         if refitted and version > 0 and any(d.is_straggler for d in decisions):
             cut = copy_of(tables)
-            store.record_evaluation(trace.job_id, t)
-            store.retire_models(trace.job_id)
+            commit(store, trace.job_id, t)
             return cut, tables, t, decisions
-        store.record_evaluation(trace.job_id, t)
-        store.retire_models(trace.job_id)
+        commit(store, trace.job_id, t)
     raise AssertionError("the synthetic job never refitted at a checkpoint with a flag")
 
 
@@ -97,12 +103,35 @@ def test_a_job_rebuilt_before_any_checkpoint_decides_as_the_cached_one(trace: Jo
         rebuilt = store_over(copy_of(tables))
         expected = store.evaluate(trace.job_id, t)
         assert verdicts(rebuilt.evaluate(trace.job_id, t)) == verdicts(expected), f"checkpoint {t}"
-        store.record_evaluation(trace.job_id, t)
-        store.retire_models(trace.job_id)
+        commit(store, trace.job_id, t)
         assert len(tables[2]) <= 1, "a superseded model outlived the job row that replaced it"
         flags += sum(d.is_straggler for d in expected)
         evaluated += bool(expected)
     assert evaluated >= 5 and flags > 0
+
+
+def test_a_rebalance_between_evaluation_and_commit_keeps_what_the_checkpoint_did(trace: JobTrace) -> None:
+    """The agent awaits the broker between `evaluate` and `record_evaluation`; a rebalance there
+    clears the cache. The commit must still record the model and flags the checkpoint produced."""
+    tables: Tables = ({}, {}, {})
+    for t, store in checkpoints(trace, tables):
+        job, meta = store.job(trace.job_id), store.meta(trace.job_id)
+        assert job is not None and meta is not None
+        version = job.model_version
+        decisions = store.evaluate(trace.job_id, t)
+        if not (job.model_version != version and version > 0 and any(d.is_straggler for d in decisions)):
+            commit(store, trace.job_id, t)
+            continue
+        store.forget_cache()  # partitions moved while the agent awaited the acknowledgements
+        store.record_evaluation(trace.job_id, t, job, meta)
+        store.retire_models(trace.job_id, keep=job.model_version)
+        rebuilt = store_over(copy_of(tables)).job(trace.job_id)
+        assert rebuilt is not None
+        assert (rebuilt.model_version, rebuilt.fitted_on) == (job.model_version, job.fitted_on)
+        assert rebuilt.state.flagged == job.state.flagged
+        assert len(tables[2]) == 1
+        return
+    raise AssertionError("the synthetic job never refitted at a checkpoint with a flag")
 
 
 def test_a_missing_model_version_means_a_refit_not_a_crash(trace: JobTrace) -> None:
