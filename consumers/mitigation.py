@@ -321,6 +321,21 @@ def _decision(event: Prediction) -> Decision:
     )
 
 
+def arrived(consumer: Consumer, budget: int) -> list[Message]:
+    """What has arrived, up to ``budget``; waits (up to `POLL_TIMEOUT_S`) only when nothing has.
+
+    ``consume(num_messages=n, timeout=t)`` returns only once it has n messages or t has passed, so
+    asking for a full batch with a timeout held every command of a quiet stream back by up to t
+    (0.5 s: most of the decision latency's p99 in `bench/latency.py --quick`), and the last batch of
+    a state rebuild as well."""
+    batch = consumer.consume(num_messages=budget, timeout=0)
+    if not batch:
+        batch = consumer.consume(num_messages=1, timeout=POLL_TIMEOUT_S)
+        if batch and budget > 1:
+            batch += consumer.consume(num_messages=budget - 1, timeout=0)
+    return batch
+
+
 class MitigationConsumer:
     """Reads predictions, task checkpoints and job events; writes relaunch commands transactionally."""
 
@@ -423,18 +438,8 @@ class MitigationConsumer:
         return config
 
     def _consume(self, consumer: Consumer, budget: int) -> list[Message]:
-        """What has arrived, up to ``budget``; waits (up to `POLL_TIMEOUT_S`) only when nothing has.
-
-        ``consume(num_messages=n, timeout=t)`` returns only once it has n messages or t has passed,
-        so asking for a full batch with a timeout held every command of a quiet stream back by up to
-        t (0.5 s: most of the decision latency's p99 in `bench/latency.py --quick`)."""
-        batch = consumer.consume(num_messages=budget, timeout=0)
-        if not batch:
-            batch = consumer.consume(num_messages=1, timeout=POLL_TIMEOUT_S)
-            if batch and budget > 1:
-                batch += consumer.consume(num_messages=budget - 1, timeout=0)
         records = []
-        for message in batch:
+        for message in arrived(consumer, budget):
             error = message.error()
             if error is None:
                 records.append(message)
@@ -550,7 +555,7 @@ class MitigationConsumer:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"state rebuild did not reach the committed offsets of {remaining}")
                 done = []
-                for message in reader.consume(num_messages=self.batch_size, timeout=POLL_TIMEOUT_S):
+                for message in arrived(reader, self.batch_size):
                     where = (message.topic() or "", message.partition() or 0)
                     end = remaining.get(where)
                     if end is None:
