@@ -174,3 +174,9 @@ def test_warm_nurd_flags_a_visible_slow_machine_group_earlier_than_reactive() ->
     assert result["nurd-warm"]["lead_time"] > result["reactive"]["lead_time"] + 0.05
     assert result["nurd-warm"]["fpr"] < 0.05
     assert result["nurd-warm"]["f1"] > 0.85
+
+
+def test_a_warm_start_without_history_is_refused() -> None:
+    """``history=0`` would slice ``[-0:]``, i.e. keep every past fit: refuse it instead."""
+    with pytest.raises(ValueError, match="history"):
+        make_nurd("nurd-warm", history=0).fit(_checkpoint())

@@ -193,6 +193,8 @@ class Nurd(StragglerMethod):
         return float(np.clip(1.0 - error / baseline, 0.0, 1.0))
 
     def fit(self, data: CheckpointData) -> Self:
+        if self.warm_start and self.history < 1:
+            raise ValueError(f"a warm start needs history >= 1 past fit, got {self.history}")
         if not hasattr(self, "delta_"):
             self.calibrate(data)
         past = self._past_fits(data)
