@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from straggler.core.admm import (
     Consensus,
@@ -39,10 +39,10 @@ from straggler.core.admm import (
 from straggler.core.method import FloatArray
 from straggler.kafka.config import (
     DeliveryCounter,
-    admin_config,
     consumer_config,
     producer_config,
 )
+from straggler.kafka.topics import create_missing_topics
 
 SCHEMA = "straggler.admm-exchange"
 VERSION = 1
@@ -52,18 +52,7 @@ ADMIN_TIMEOUT_S = 30.0
 
 def ensure_exchange_topic(bootstrap: str, topic: str) -> None:
     """Create the one-partition exchange topic unless it exists (the broker does not auto-create)."""
-    admin = AdminClient(admin_config(bootstrap))
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=1, replication_factor=1)],
-        operation_timeout=ADMIN_TIMEOUT_S,
-        request_timeout=ADMIN_TIMEOUT_S,
-    )
-    try:
-        futures[topic].result()
-    except KafkaException as exc:
-        error = exc.args[0]
-        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-            raise
+    create_missing_topics(bootstrap, [NewTopic(topic, num_partitions=1, replication_factor=1)])
 
 
 def end_offset(bootstrap: str, topic: str) -> int:

@@ -377,12 +377,11 @@ def table_changelog(app_id: str) -> str:
 def create_topics(settings: WorkerSettings) -> None:
     """The exchange topic and the GlobalTable's changelog: one partition each (the table is written
     by the exchange agent, in the exchange partition's changelog partition)."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
     from pipeline.app import app_id
+    from straggler.kafka.topics import create_missing_topics
 
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
     topics = [
         NewTopic(settings.topics.admm_online_exchange, num_partitions=1, replication_factor=1),
         NewTopic(
@@ -392,12 +391,7 @@ def create_topics(settings: WorkerSettings) -> None:
             config={"cleanup.policy": "compact"},
         ),
     ]
-    for _, future in admin.create_topics(topics, operation_timeout=30, request_timeout=30).items():
-        try:
-            future.result()
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    create_missing_topics(settings.bootstrap, topics)
 
 
 @dataclass

@@ -149,10 +149,10 @@ def create_changelog_topics(settings: WorkerSettings) -> list[str]:
     Faust declares them itself at start-up, but a first table write can race its metadata refresh
     and fail with a partition mismatch; declaring them up front, like every other topic, avoids it.
     """
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    from straggler.kafka.topics import create_missing_topics
+
     topics = [
         NewTopic(
             name,
@@ -162,15 +162,7 @@ def create_changelog_topics(settings: WorkerSettings) -> list[str]:
         )
         for name in changelog_topics(settings)
     ]
-    created = []
-    for name, future in admin.create_topics(topics, operation_timeout=30, request_timeout=30).items():
-        try:
-            future.result()
-            created.append(name)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
-    return created
+    return create_missing_topics(settings.bootstrap, topics)
 
 
 def create_app(settings: WorkerSettings) -> faust.App:

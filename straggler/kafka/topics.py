@@ -84,23 +84,28 @@ def create_topics(
 
     An existing topic is left as it is (TOPIC_ALREADY_EXISTS is expected); any other error is raised.
     """
+    return create_missing_topics(
+        bootstrap, [spec.new_topic() for spec in topic_specs(partitions, replication, prefix)]
+    )
+
+
+def create_missing_topics(bootstrap: str, topics: Sequence[NewTopic]) -> list[str]:
+    """Create each of ``topics`` unless it exists; return the names created. Existing topics are left
+    as they are; any error other than TOPIC_ALREADY_EXISTS is raised."""
     admin = AdminClient(admin_config(bootstrap))
-    specs = topic_specs(partitions, replication, prefix)
     futures = admin.create_topics(
-        [spec.new_topic() for spec in specs],
-        operation_timeout=ADMIN_TIMEOUT_S,
-        request_timeout=ADMIN_TIMEOUT_S,
+        list(topics), operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
     )
     created: list[str] = []
-    for spec in specs:
+    for topic in topics:
         try:
-            futures[spec.name].result()
+            futures[topic.topic].result()
         except KafkaException as exc:
             error = exc.args[0]
             if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
             raise
-        created.append(spec.name)
+        created.append(topic.topic)
     return created
 
 
