@@ -18,6 +18,7 @@ binds to 127.0.0.1 (the broker is the caller's, or an embedded one on loopback).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import signal
@@ -506,11 +507,17 @@ def pipeline_run(
         watch.close()
 
 
+def _split_at_boundaries(records: list[Outgoing], fractions: Sequence[float]) -> list[list[Outgoing]]:
+    """Cut the stream right after each boundary that completes one of ``fractions`` of all boundaries."""
+    boundaries = [i for i, record in enumerate(records) if is_boundary(record)]
+    cuts = [0] + [boundaries[max(0, int(len(boundaries) * f) - 1)] + 1 for f in fractions] + [len(records)]
+    return [records[a:b] for a, b in itertools.pairwise(cuts)]
+
+
 def _head_and_tail(records: list[Outgoing], fraction: float) -> tuple[list[Outgoing], list[Outgoing]]:
     """Cut the stream right after the boundary that completes ``fraction`` of all boundaries."""
-    boundaries = [i for i, record in enumerate(records) if is_boundary(record)]
-    cut = boundaries[max(0, int(len(boundaries) * fraction) - 1)] + 1
-    return records[:cut], records[cut:]
+    head, tail = _split_at_boundaries(records, [fraction])
+    return head, tail
 
 
 def _committed_inputs(bootstrap: str, group: str, topics: TopicNames) -> int:
@@ -601,6 +608,46 @@ def worker_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResul
         )
         publisher.publish(tail)
         procs.start_worker()
+        result.recovery_seconds = _every_job_progresses(watch, procs, traces)
+        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
+        return result
+
+
+KILL_DELAYS_S = (0.0, 0.15, 0.3, 0.45)
+"""`worker_sigkill_repeated`'s pause between seeing a new checkpoint evaluated and the next kill."""
+
+
+def worker_sigkill_repeated(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """SIGKILL the worker once per part of the replay, each time soon after it evaluates a checkpoint.
+
+    Every restart starts with a backlog, so its recovery races the fetcher (`pipeline.flow`, fix 10
+    in docs/reliability.md); the last restart works the stream off to the end.
+    """
+    with pipeline_run("worker-kill-repeated", bootstrap, workdir, sizes) as (
+        result,
+        topics,
+        traces,
+        exp,
+        procs,
+        watch,
+    ):
+        records = stream_events(traces, topics)
+        result.events_in = len(records)
+        kills = len(KILL_DELAYS_S)
+        parts = _split_at_boundaries(records, [(k + 1) / (kills + 1) for k in range(kills)])
+        procs.start_mitigator()
+        procs.start_worker()
+        publisher = Publisher(bootstrap)
+        for part, delay in zip(parts[:-1], KILL_DELAYS_S, strict=True):
+            before = len(watch.markers)
+            publisher.publish(part)
+            watch.wait(lambda before=before: len(watch.markers) > before, PROGRESS_TIMEOUT_S, procs)
+            time.sleep(delay)
+            procs.signal("worker", signal.SIGKILL)
+            result.faults += 1
+            procs.start_worker()
+        publisher.publish(parts[-1])
+        result.notes.append(f"killed {result.faults} times, each after a new checkpoint was evaluated")
         result.recovery_seconds = _every_job_progresses(watch, procs, traces)
         verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
         return result
@@ -913,6 +960,7 @@ def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult
 
 SCENARIOS: dict[str, Callable[[str, Path, Sizes], ScenarioResult]] = {
     "worker-kill": worker_sigkill,
+    "worker-kill-repeated": worker_sigkill_repeated,
     "mitigator-kill": mitigator_sigkill,
     "broker-restart": lambda bootstrap, workdir, sizes: broker_restart(workdir, sizes),
     "bad-input": bad_input,

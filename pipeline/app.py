@@ -28,6 +28,7 @@ import faust
 from faust.types import EventT
 
 from pipeline.durability import acknowledged, drain_fully
+from pipeline.flow import keep_queued_records
 from pipeline.jobstore import JobStore, feature_vector, new_online_job
 from schemas import (
     CheckpointBoundary,
@@ -189,6 +190,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         datadir=settings.datadir,
     )
     drain_fully(app.producer)  # every commit waits for all buffered rows (`pipeline.durability`)
+    keep_queued_records(app.flow_control)  # recovery's second resume must not drop fetched records
     inputs = app.topic(names.checkpoints, names.job_events, key_type=bytes, value_type=bytes)
     predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
     dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)

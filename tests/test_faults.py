@@ -158,6 +158,7 @@ def _check(result: ScenarioResult) -> None:
     "scenario",
     [
         "worker-kill",
+        "worker-kill-repeated",
         "mitigator-kill",
         "duplicates",
         "worker-leaves",
