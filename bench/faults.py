@@ -1,6 +1,6 @@
 """Run the fault scenarios against real brokers and print what was lost, duplicated or crashed.
 
-    python bench/faults.py [--scenario NAME ...] [--quick] [--bootstrap HOST:PORT]
+    python bench/faults.py [--scenario NAME ...] [--quick] [--repeat N] [--bootstrap HOST:PORT]
 
 Without ``--bootstrap`` an embedded broker is started (and stopped) for the run; ``broker-restart``
 always starts its own, because it stops it. The last line is ``lost=N duplicated=N crashed=N`` summed
@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -78,9 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="smaller jobs, 1,000 bad events instead of 10,000"
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each scenario N times (a fault that hits a race shows as a pass rate below N of N)",
+    )
+    parser.add_argument(
         "--bootstrap", default=None, help="an existing broker (default: start an embedded one)"
     )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     sizes = Sizes.quick() if args.quick else Sizes.full()
     names = args.scenario or list(SCENARIOS)
     results: list[ScenarioResult] = []
@@ -91,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             from straggler.kafka.embedded import embedded_kafka
 
             bootstrap = stack.enter_context(embedded_kafka(data_dir=workdir / "broker"))
-        for name in names:
+        for name in [name for name in names for _ in range(args.repeat)]:
             started = time.monotonic()
             print(f"# {name} ...", file=sys.stderr, flush=True)
             try:
@@ -110,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"# logs kept in {workdir}", file=sys.stderr)
     print(table(results))
+    if args.repeat > 1:
+        passed = Counter(r.name for r in results if r.ok)
+        print("passed: " + ", ".join(f"{name} {passed[name]} of {args.repeat}" for name in names))
     lost = sum(r.lost for r in results)
     duplicated = sum(r.duplicated for r in results)
     crashed = sum(r.crashed for r in results)
