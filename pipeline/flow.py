@@ -12,8 +12,8 @@ moved its read offset past them:
 
 The next restart then reads them long after the records that followed them. Seen in repeated
 SIGKILL runs (`bench/fault_scenarios.py`, ``worker-kill-repeated``): a finished task's event was
-cleared while the agent fitted a model, and the job was evaluated as if that task still ran. This
-happens in about one in fifteen runs.
+cleared while the agent fitted a model, and the job was evaluated as if that task still ran (11 of
+99 runs with four kills each, before this fix; docs/reliability.md, fix 10).
 
 `keep_queued_records` makes ``resume`` clear the queues only when the flow was suspended. A
 suspension is what makes queued records stale, and Faust always suspends before a rebalance.
