@@ -59,18 +59,21 @@ def test_nurd_without_signal_is_the_reactive_rule() -> None:
         assert flags[i] - trace.start[i] >= p90 - 1e-9
 
 
-@pytest.mark.parametrize("seed", [2, 3])
-def test_nurd_flags_a_visible_slow_machine_group_early_once_its_history_shows_it_works(seed: int) -> None:
+@pytest.mark.parametrize(("method", "seed"), [("nurd", 2), ("nurd", 3), ("nurd-warm", 2)])
+def test_nurd_flags_a_visible_slow_machine_group_early_once_its_history_shows_it_works(
+    method: str, seed: int
+) -> None:
     """Tasks on slow machines (visible x1) straggle; later waves are flagged before they pass p90.
 
     1,200 tasks: with 600 the backtests confirm too few slow tasks for the evidence rule
-    (`mostly_right`) to admit the weight, and NURD stays the reactive rule, as it should."""
+    (`mostly_right`) to admit the weight, and NURD stays the reactive rule, as it should.
+    ``nurd-warm`` only on seed 2: on seed 3 it gains no lead over reactive (docs/results.md §8)."""
     trace = make_job(1200, signal=0.3, seed=seed, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
-    config = EvaluationConfig(methods=("nurd", "reactive"), threshold="online", machine_counts=())
+    config = EvaluationConfig(methods=(method, "reactive"), threshold="online", machine_counts=())
     result = evaluate_job(trace, config).per_method
-    assert result["nurd"]["lead_time"] > result["reactive"]["lead_time"] + 0.05
-    assert result["nurd"]["fpr"] < 0.05
-    assert result["nurd"]["f1"] > 0.85
+    assert result[method]["lead_time"] > result["reactive"]["lead_time"] + 0.05
+    assert result[method]["fpr"] < 0.05
+    assert result[method]["f1"] > 0.85
 
 
 def test_no_prediction_before_four_percent_finished_and_refit_rule() -> None:
@@ -165,15 +168,6 @@ def test_warm_skill_is_how_well_past_fits_predicted_later_tasks(
 ) -> None:
     _, _, warm = _fits_and_final_method(make_job(600, signal=signal, seed=5), "nurd-warm", monkeypatch)
     assert low <= warm.skill_ <= high
-
-
-def test_warm_nurd_flags_a_visible_slow_machine_group_earlier_than_reactive() -> None:
-    trace = make_job(1200, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
-    config = EvaluationConfig(methods=("nurd-warm", "reactive"), threshold="online", machine_counts=())
-    result = evaluate_job(trace, config).per_method
-    assert result["nurd-warm"]["lead_time"] > result["reactive"]["lead_time"] + 0.05
-    assert result["nurd-warm"]["fpr"] < 0.05
-    assert result["nurd-warm"]["f1"] > 0.85
 
 
 def test_a_warm_start_without_history_is_refused() -> None:
