@@ -317,7 +317,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         )
         await predictions.send(key=key, value=encode(marker))
         await acknowledged(app.producer)  # flags, model and predictions are on the broker
-        store.record_evaluation(job_id, at, job, meta)
+        store.record_evaluation(at, job, meta)
         await acknowledged(app.producer)  # so is the job row, before any later write of the job
         store.retire_models(job_id, keep=job.model_version)
         stats.predictions += len(decisions)

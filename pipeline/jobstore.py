@@ -201,7 +201,7 @@ class JobStore:
             self.models[model_key(job_id, job.model_version)] = pickle.dumps(job.method)
         return decisions
 
-    def record_evaluation(self, job_id: str, at: float, job: OnlineJob, meta: JobMeta) -> None:
+    def record_evaluation(self, at: float, job: OnlineJob, meta: JobMeta) -> None:
         """Commit the checkpoint at ``at``: write the job row of ``job``, the object `evaluate` ran.
 
         Not looked up again: a rebalance between `evaluate` and this call (the agent awaits the
@@ -211,7 +211,7 @@ class JobStore:
         meta.fitted_on = job.fitted_on
         meta.calibrated = job.calibrated
         meta.last_evaluated = at
-        self.save_meta(job_id, meta)
+        self.save_meta(job.job_id, meta)
 
     def retire_models(self, job_id: str, keep: int) -> None:
         """Delete the job's models other than version ``keep``; only once the row naming it is durable."""

@@ -61,7 +61,7 @@ def commit(store: JobStore, job_id: str, t: float) -> None:
     """What the agent does once the checkpoint's writes are acknowledged."""
     job, meta = store.job(job_id), store.meta(job_id)
     assert job is not None and meta is not None
-    store.record_evaluation(job_id, t, job, meta)
+    store.record_evaluation(t, job, meta)
     store.retire_models(job_id, keep=job.model_version)
 
 
@@ -123,7 +123,7 @@ def test_a_rebalance_between_evaluation_and_commit_keeps_what_the_checkpoint_did
             commit(store, trace.job_id, t)
             continue
         store.forget_cache()  # partitions moved while the agent awaited the acknowledgements
-        store.record_evaluation(trace.job_id, t, job, meta)
+        store.record_evaluation(t, job, meta)
         store.retire_models(trace.job_id, keep=job.model_version)
         rebuilt = store_over(copy_of(tables)).job(trace.job_id)
         assert rebuilt is not None

@@ -223,7 +223,7 @@ class Nurd(StragglerMethod):
             ).fit(X, labels)
         self.strength_ = self.skill_ if self.gate == "skill" else 1.0
         if self.gate == "backtest" and self.weighting == "density":
-            self.strength_ = self._backtest_strength(data, past)
+            self.strength_ = self._backtest_strength(data, past, observed)
         if self.warm_start and data.at is not None:
             self.fitted_at_ = float(data.at)
             snapshot: Nurd = copy.copy(self)
@@ -245,7 +245,7 @@ class Nurd(StragglerMethod):
         for share in (0.25, 0.5, 0.75):
             yield float(ordered[int(share * len(ordered)) - 1]), None
 
-    def _backtest_strength(self, data: CheckpointData, past: list[Nurd]) -> float:
+    def _backtest_strength(self, data: CheckpointData, past: list[Nurd], X_all: FloatArray) -> float:
         """Pick the weight's strength that would have done best over this job's own past.
 
         The job is rewound to the moments a quarter, a half and three quarters of today's finished
@@ -258,7 +258,8 @@ class Nurd(StragglerMethod):
         right with confidence ``evidence`` (`mostly_right`: precision above 1/2, the break-even point
         at which an extra flag helps F1); among admissible strengths the best F1 wins, a tie going to
         the weaker. Everything used is known at this checkpoint. A warm-started NURD replays its own
-        previous fits instead of refitting (`_rewinds`).
+        previous fits instead of refitting (`_rewinds`). ``X_all``: the finished then the running
+        tasks' features, as `fit` stacked them.
         """
         if data.at is None or data.finish_time is None or data.start_running is None:
             return 0.0
@@ -271,7 +272,6 @@ class Nurd(StragglerMethod):
             return 0.0  # too few confirmed stragglers for any evidence: spare the refits below
         flagged = np.zeros((len(STRENGTHS), len(truth)), dtype=bool)
         judged = np.zeros(len(truth), dtype=bool)
-        X_all = np.vstack([data.X_finished, data.X_running])
         for rewind, model in self._rewinds(data, past):
             done_then = finish <= rewind
             running_then = np.r_[~done_then & (start_finished <= rewind), data.start_running <= rewind]
