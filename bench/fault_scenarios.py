@@ -37,7 +37,6 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient
 
 from producers.replayer import (
-    JobSimulation,
     ReplayResult,
     TraceReplayer,
     _ended,
@@ -64,6 +63,7 @@ from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import read_topic
+from straggler.simulation import JobSimulation
 from straggler.traces.jobtrace import JobTrace
 
 REPO = Path(__file__).resolve().parents[1]

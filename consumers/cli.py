@@ -14,6 +14,7 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
+from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -35,11 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         required=default_bootstrap is None,
         help=f"broker address (default: ${BOOTSTRAP_ENV})",
     )
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"{POLICY_SPECS} (default: {DEFAULT_POLICY})")
     p.add_argument(
-        "--policy", required=True, help="unlimited, limited:M (M spare machines per job) or mantri"
-    )
-    p.add_argument(
-        "--checkpoint-seconds", type=float, default=300.0, help="checkpoint interval (Mantri's horizon)"
+        "--checkpoint-seconds",
+        type=float,
+        default=300.0,
+        help="checkpoint interval (Mantri's horizon; how long a race's loser waits for its kill)",
     )
     p.add_argument("--topic-prefix", default="", help="prefix of every topic name")
     p.add_argument("--group", default="straggler-mitigation", help="consumer group id")

@@ -80,7 +80,8 @@ from schemas import (
     encode,
 )
 from straggler.core.online import Decision
-from straggler.core.policies import MitigationPolicy, make_policy
+from straggler.core.policies import MitigationPolicy
+from straggler.core.policy_spec import make_policy
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
 
@@ -135,8 +136,8 @@ class _Job:
     """Predictions by checkpoint time, then task, until the checkpoint's marker arrives."""
     waiting: deque[tuple[float, list[Decision]]] = field(default_factory=deque)
     """Markers that arrived before the job's ``task-checkpoints`` reached their time."""
-    finishes: list[tuple[float, str, float]] = field(default_factory=list)
-    """(time, task, latency) of finishes the policy has not been told about yet."""
+    finishes: list[tuple[float, str, float, int]] = field(default_factory=list)
+    """(time, task, latency, attempt) of finishes the policy has not been told about yet."""
     ended_at: float | None = None
     issued: set[str] = field(default_factory=set)
     finished_runs: set[tuple[str, int]] = field(default_factory=set)
@@ -232,7 +233,7 @@ class MitigationState:
             run = (event.task_id, event.attempt)
             if run not in job.finished_runs:  # a repeated finish must not count twice (Mantri's median)
                 job.finished_runs.add(run)
-                job.finishes.append((event.checkpoint_time, event.task_id, event.latency))
+                job.finishes.append((event.checkpoint_time, event.task_id, event.latency, event.attempt))
         if event.status == "running":
             return self._advance(event.job_id, job, event.checkpoint_time, partition)
         return []
@@ -253,7 +254,7 @@ class MitigationState:
             later = []
             for finish in job.finishes:
                 if finish[0] <= at:
-                    self.policy.on_task_finished(job_id, finish[1], finish[0], finish[2])
+                    self.policy.on_task_finished(job_id, finish[1], finish[0], finish[2], finish[3])
                 else:
                     later.append(finish)
             job.finishes = later
@@ -274,6 +275,7 @@ class MitigationState:
                         policy=self.policy_spec,
                         issued_at=time.time(),
                         checkpoint_time=at,
+                        attempt=action.attempt,
                     )
                 )
         return outputs
@@ -318,6 +320,7 @@ def _decision(event: Prediction) -> Decision:
         threshold=event.threshold,
         is_straggler=event.is_straggler,
         model_version=event.model_version,
+        attempt=event.attempt or 0,
     )
 
 

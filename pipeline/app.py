@@ -121,6 +121,7 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
         model_version=d.model_version,
         elapsed=d.elapsed,
         produced_at=produced_at,
+        attempt=d.attempt,
     )
 
 

@@ -11,17 +11,8 @@ consumer's committed offset to pass it, reads the committed relaunch commands, a
 simulation of the affected jobs (`JobSimulation`) before it moves on. A job's completion time before
 and after the commands is the end-to-end result of the pipeline.
 
-Simplifications of the closed-loop simulation, each chosen so no future information reaches the stream:
-
-- a relaunched task's new run takes the latency `relaunch_latencies` draws for it (the offline
-  evaluator's draws, task for task), and reports, while it runs and when it finishes, the features last
-  observed for the task at the relaunch instant (computed from events strictly before that instant). The
-  trace's ``finish_features`` describe the original run at its original finish, i.e. the future of the
-  relaunch instant, so they are not used for a new run;
-- a duplicated task keeps its attempt, start and features; it finishes at the earlier of its original
-  end and the copy's end (the relaunch instant plus its draw);
-- a killed task ends, as ``killed``, at the instant of the command;
-- a job whose tasks now end after its last checkpoint gets further checkpoints on the same grid.
+The cluster's rules (new runs, speculative copies, kills, extra checkpoints) are
+`straggler.simulation`'s, shared with the offline evaluator.
 """
 
 from __future__ import annotations
@@ -50,10 +41,10 @@ from schemas import (
     decode,
     encode,
 )
-from straggler.core.scheduling import relaunch_latencies
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
-from straggler.traces.jobtrace import BoolArray, FloatArray, IntArray, JobTrace
+from straggler.simulation import CheckpointStep, JobOutcome, JobSimulation, finish_order
+from straggler.traces.jobtrace import FloatArray, JobTrace
 
 MAX_SLEEP_SECONDS = 60.0
 """Longest wall-clock pause between two instants when ``speed > 0``: a trace with hours of idle time
@@ -76,9 +67,6 @@ _NO_LEADER_YET = (
 
 SendEvent = Callable[[str, str, Event], None]
 """``send(topic, job_id, event)``: encode and produce one event keyed by its job."""
-
-CheckpointStep = tuple[int, float, IntArray, IntArray, IntArray, FloatArray]
-"""``(k, t, newly_finished, newly_gone, running_idx, running_X)``, as `JobTrace.checkpoint_events`."""
 
 
 class ReplayStalled(RuntimeError):
@@ -104,158 +92,6 @@ def replay_producer_config(bootstrap: str) -> dict[str, str | int | float | bool
     config = dict(producer_config(bootstrap))
     config.setdefault("partitioner", "murmur2_random")
     return config
-
-
-class JobSimulation:
-    """One job's tasks as the closed loop changes them: start, end, outcome and attempt of each task.
-
-    Without commands, `step` yields exactly what `JobTrace.checkpoint_events` yields (a test checks it):
-    a task runs at t when ``start <= t`` and it has not ended by t, and its end is announced at the first
-    checkpoint at or after it.
-    """
-
-    def __init__(self, trace: JobTrace, seed: int) -> None:
-        n = trace.n_tasks
-        self.trace = trace
-        self.seed = seed
-        self.start: FloatArray = trace.start.astype(np.float64, copy=True)
-        self.end: FloatArray = trace.end.astype(np.float64, copy=True)
-        self.finished: BoolArray = trace.finished.copy()
-        self.attempt: IntArray = np.zeros(n, dtype=np.int64)
-        self.reported: BoolArray = np.zeros(n, dtype=bool)
-        """The task's end has been published."""
-        self.rerun: BoolArray = np.zeros(n, dtype=bool)
-        """The task's end is no longer the trace's (relaunched, killed, or a duplicate won)."""
-        self.frozen: BoolArray = np.zeros(n, dtype=bool)
-        """The task runs a new attempt the trace does not describe: its features stay as at relaunch."""
-        self.last_features: FloatArray = np.full((n, len(trace.feature_names)), np.nan)
-        self.checkpoints: list[float] = [float(t) for t in trace.checkpoints]
-        self.task_index: dict[str, int] = {}
-        for i, task_id in enumerate(trace.task_ids):
-            self.task_index.setdefault(task_id, i)
-        self._draws: FloatArray | None = None
-
-    def running_at(self, t: float) -> BoolArray:
-        with np.errstate(invalid="ignore"):
-            return (self.start <= t) & ~(self.end <= t)
-
-    def step(self, k: int, t: float) -> CheckpointStep:
-        """Checkpoint ``k`` at ``t``: the ends to announce since the last one, and the running tasks."""
-        with np.errstate(invalid="ignore"):
-            ending = np.flatnonzero(~self.reported & np.isfinite(self.end) & (self.end <= t))
-        self.reported[ending] = True
-        running = np.flatnonzero(self.running_at(t))
-        features = self.last_features[running]
-        if k < len(self.trace.running_index):
-            position = np.full(self.trace.n_tasks, -1, dtype=np.int64)
-            trace_running = self.trace.running_index[k]
-            position[trace_running] = np.arange(len(trace_running))
-            rows = position[running]
-            from_trace = (rows >= 0) & ~self.frozen[running]
-            features[from_trace] = self.trace.running_features[k][rows[from_trace]]
-        self.last_features[running] = features
-        done = self.finished[ending]
-        return k, t, ending[done], ending[~done], running, features
-
-    def finish_features(self, i: int) -> FloatArray:
-        """The features a finish event carries: the trace's own, unless the task's end was changed."""
-        if self.rerun[i]:
-            return self.last_features[i]
-        return self.trace.finish_features[i]
-
-    def new_latency(self, i: int) -> float:
-        """Task ``i``'s new-run latency: scored tasks get the offline evaluator's draws, in order, and
-        the others the draws after those (NaN when the job has no latency to draw from)."""
-        if self._draws is None:
-            scored = self.trace.scored
-            n_scored = int(scored.sum())
-            draws = np.full(self.trace.n_tasks, np.nan)
-            if n_scored:
-                pool = self.trace.latency[scored]
-                sample = relaunch_latencies(pool, self.trace.n_tasks, self.trace.job_id, self.seed)
-                draws[scored] = sample[:n_scored]
-                draws[~scored] = sample[n_scored:]
-            self._draws = draws
-        return float(self._draws[i])
-
-    def apply(self, command: RelaunchCommand, t: float) -> str | None:
-        """Carry out ``command`` at instant ``t``; the reason it was ignored, or None if applied."""
-        i = self.task_index.get(command.task_id)
-        if i is None:
-            return "unknown task"
-        if not self.running_at(t)[i]:
-            return "task not running"
-        if command.action == "kill":
-            self.end[i] = t
-            self.finished[i] = False
-            self.rerun[i] = True
-            return None
-        draw = self.new_latency(i)
-        if not math.isfinite(draw):
-            return "job has no latency to draw from"
-        new_end = t + draw
-        if command.action == "relaunch":
-            self.attempt[i] += 1
-            self.start[i] = t
-            self.end[i] = new_end
-            self.finished[i] = True
-            self.rerun[i] = True
-            self.frozen[i] = True
-        elif not (new_end >= self.end[i]):  # duplicate: the copy wins (also when the original never ends)
-            self.end[i] = new_end
-            self.finished[i] = True
-            self.rerun[i] = True
-        return None
-
-    def extend(self, t: float, interval: float) -> list[float]:
-        """Checkpoints to add after ``t`` so every end not yet announced gets a checkpoint at or after it."""
-        with np.errstate(invalid="ignore"):
-            pending = ~self.reported & np.isfinite(self.end)
-        if not pending.any():
-            return []
-        need = max(float(self.end[pending].max()), t)
-        last = self.checkpoints[-1]
-        if last >= need and last > t:
-            return []
-        first = round(last / interval) + 1
-        stop = max(first, math.ceil(need / interval))
-        if interval * stop <= t:
-            stop += 1
-        added = [float(c) for c in interval * np.arange(first, stop + 1, dtype=np.float64)]
-        self.checkpoints.extend(added)
-        return added
-
-
-@dataclass
-class JobOutcome:
-    """A job's scored tasks before and after the pipeline's commands (identical in open loop)."""
-
-    job_id: str
-    task_ids: list[str]
-    start_before: FloatArray
-    end_before: FloatArray
-    start_after: FloatArray
-    end_after: FloatArray
-    attempts: IntArray
-
-    @property
-    def jct_before(self) -> float:
-        """Job completion time as traced: last scored end minus first scored start."""
-        if not len(self.task_ids):
-            return math.nan
-        return float(self.end_before.max() - self.start_before.min())
-
-    @property
-    def jct_after(self) -> float:
-        """Completion time after the commands, from the same beginning: a relaunch moves a task's start,
-        not the job's (as `straggler.core.scheduling.simulate_relaunches` counts it)."""
-        if not len(self.task_ids):
-            return math.nan
-        return float(self.end_after.max() - self.start_before.min())
-
-    @property
-    def relaunched(self) -> int:
-        return int(np.count_nonzero(self.attempts > 0))
 
 
 @dataclass
@@ -587,7 +423,7 @@ class TraceReplayer:
                 watch.close()
         result.delivery_failures = deliveries.failed
         result.delivery_errors = [str(error) for error in deliveries.errors]
-        result.outcomes = {sim.trace.job_id: _outcome(sim.trace, sim) for sim in sims}
+        result.outcomes = {sim.trace.job_id: sim.outcome() for sim in sims}
         result.wall_seconds = time.monotonic() - wall_start
         return result
 
@@ -604,17 +440,18 @@ class TraceReplayer:
         names = trace.feature_names
         source = str(trace.meta.get("source", PRODUCER_SOURCE))
         topic = self.topics.checkpoints
-        for i in finished[np.argsort(sim.end[finished], kind="stable")].tolist():
+        for i in finish_order(sim, finished):
+            attempt, start = sim.finish_of(i)
             event = TaskCheckpoint(
                 job_id=trace.job_id,
                 task_id=trace.task_ids[i],
-                attempt=int(sim.attempt[i]),
+                attempt=attempt,
                 checkpoint_time=float(sim.end[i]),
                 status="finished",
                 machine_id=trace.machine_ids[i],
                 features=feature_map(names, sim.finish_features(i)),
-                latency=float(sim.end[i] - sim.start[i]),
-                start_time=_finite_or_none(sim.start[i]),
+                latency=float(sim.end[i] - start),
+                start_time=_finite_or_none(start),
                 source=source,
             )
             send(topic, trace.job_id, event)
@@ -671,7 +508,11 @@ class TraceReplayer:
                 continue
             seen.add(command.command_id)
             sim = by_job.get(command.job_id)
-            reason = "unknown job" if sim is None else sim.apply(command, t)
+            reason = (
+                "unknown job"
+                if sim is None
+                else sim.apply(command.task_id, command.action, t, command.attempt)
+            )
             if reason is None:
                 result.commands_applied += 1
             else:
@@ -742,16 +583,3 @@ def _flush(producer: Producer) -> None:
     remaining = producer.flush(FLUSH_TIMEOUT_SECONDS)
     if remaining:
         raise RuntimeError(f"{remaining} record(s) still undelivered after {FLUSH_TIMEOUT_SECONDS:g} s")
-
-
-def _outcome(trace: JobTrace, sim: JobSimulation) -> JobOutcome:
-    scored = trace.scored
-    return JobOutcome(
-        job_id=trace.job_id,
-        task_ids=[task for task, ok in zip(trace.task_ids, scored.tolist(), strict=True) if ok],
-        start_before=trace.start[scored],
-        end_before=trace.end[scored],
-        start_after=sim.start[scored],
-        end_after=sim.end[scored],
-        attempts=sim.attempt[scored],
-    )

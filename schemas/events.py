@@ -149,6 +149,7 @@ class Prediction(_EventBase):
     model_version: int
     elapsed: float
     produced_at: float
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +168,7 @@ class RelaunchCommand(_EventBase):
     policy: str
     issued_at: float
     checkpoint_time: float
+    attempt: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

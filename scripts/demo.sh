@@ -7,7 +7,7 @@ bash scripts/setup.sh
 out="${1:-runs/demo}"
 .venv/bin/straggler replay \
     --format google-2011 --trace data/google-2011-sample \
-    --checkpoint-seconds 60 --policy unlimited \
+    --checkpoint-seconds 60 --policy speculate \
     --out "$out"
 echo
 echo "report: $out/report.md  summary: $out/summary.json  logs: $out/worker.log, $out/mitigator.log"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS, make_policy
+from straggler.evaluation import MITIGATION_POLICIES
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 
@@ -31,8 +33,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.drop_features:
         dropped = [name.strip() for name in args.drop_features.split(",") if name.strip()]
         traces = [trace.without_features(dropped) for trace in traces]
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    try:
+        for spec in policies:
+            make_policy(spec)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     config = EvaluationConfig(
-        methods=methods, threshold=args.threshold, seed=args.seed, refit_growth=args.refit_growth
+        methods=methods,
+        threshold=args.threshold,
+        seed=args.seed,
+        refit_growth=args.refit_growth,
+        policies=policies,
+        checkpoint_seconds=getattr(args, "checkpoint_seconds", None) or 300.0,
     )
     try:
         results = evaluate(traces, config, workers=args.workers)
@@ -60,6 +74,11 @@ def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
     p.add_argument("--drop-features", default=None, help="comma-separated features to leave out (ablation)")
+    p.add_argument(
+        "--policies",
+        default=",".join(MITIGATION_POLICIES),
+        help=f"mitigation policies simulated in the closed loop, comma-separated ({POLICY_SPECS})",
+    )
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=_evaluate)
 
@@ -136,7 +155,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _register_replay(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="closed-loop replay of a trace through Kafka, with a report")
     add_trace_arguments(p)
-    p.add_argument("--policy", default="unlimited", help="unlimited | limited:M | mantri")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"{POLICY_SPECS} (default: {DEFAULT_POLICY})")
     p.add_argument("--method", default="nurd")
     p.add_argument("--speed", type=float, default=0.0, help="1 = real time, 0 = as fast as possible")
     p.add_argument("--bootstrap", default=None, help="an existing broker (default: start an embedded one)")

@@ -25,13 +25,16 @@ from straggler.core.jobstate import JobState
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
+from straggler.core.policy_spec import make_policy
 from straggler.core.registry import make_method
 from straggler.core.scheduling import relaunch_latencies, simulate_relaunches
 from straggler.core.threshold import oracle_threshold
+from straggler.simulation import checkpoint_interval, limit_outcome, run_closed_loop
 from straggler.traces.jobtrace import FloatArray, IntArray, JobTrace
 
 ThresholdMode = Literal["oracle", "online"]
 MACHINE_COUNTS = (100, 200, 300, 400, 500, 600, 700, 800, 900)
+MITIGATION_POLICIES = ("relaunch", "speculate", "speculate:5")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,10 @@ class EvaluationConfig:
     population_folds: int = 5
     """Cross-job methods (START, ADMM) are cross-fitted: jobs fall into this many folds by a hash
     of their id, and a job is predicted by the model trained on the other folds' jobs."""
+    policies: tuple[str, ...] = MITIGATION_POLICIES
+    """Mitigation policies run in the closed-loop simulation (`straggler.simulation`) per method."""
+    checkpoint_seconds: float = 300.0
+    """Grid spacing for a job with a single checkpoint (others use their own grid's)."""
 
 
 Prototypes = Mapping[str, StragglerMethod]
@@ -70,10 +77,10 @@ def train_population_methods(
     return [by_fold.get(f, {}) for f in folds]
 
 
-def replay_decisions(
+def online_job(
     trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
-) -> Iterator[list[Decision]]:
-    """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
+) -> OnlineJob:
+    """The `OnlineJob` the stream would hold for ``trace`` under ``method_name`` and ``config``."""
     if prototypes and method_name in prototypes:
         method = copy.deepcopy(prototypes[method_name])
     else:
@@ -99,6 +106,14 @@ def replay_decisions(
         candidates = np.flatnonzero(scored)
         granted = rng.choice(candidates, size=max(2, (2 * len(candidates)) // 3), replace=False)
         method.grant_labels(trace.finish_features[granted], latency[granted] >= oracle)
+    return job
+
+
+def replay_decisions(
+    trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
+) -> Iterator[list[Decision]]:
+    """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
+    job = online_job(trace, method_name, config, prototypes)
     for _k, t, finished, gone, running, features in trace.checkpoint_events():
         observe_interval(job.state, trace, t, finished, gone, running, features)
         yield job.checkpoint(t)
@@ -146,6 +161,8 @@ class JobResult:
     scored: int
     excluded: int
     per_method: dict[str, dict[str, Any]] = field(default_factory=dict)
+    limit: dict[str, float] = field(default_factory=dict)
+    """The achievable reference on this job: ``jct_reduction`` and ``extra_machine_time``."""
 
 
 def evaluate_job(
@@ -158,6 +175,9 @@ def evaluate_job(
     start, end = trace.start[scored], trace.end[scored]
     new_latency = relaunch_latencies(latency[scored], int(scored.sum()), trace.job_id, config.seed)
     result = JobResult(trace.job_id, trace.n_tasks, int(scored.sum()), trace.excluded_tasks)
+    interval = checkpoint_interval(trace, config.checkpoint_seconds)
+    limit = limit_outcome(trace, config.seed, interval, config.quantile)
+    result.limit = {"jct_reduction": limit.reduction, "extra_machine_time": limit.extra_machine_time}
     for name in config.methods:
         flagged_all, decisions = flag_times(trace, name, config, prototypes)
         flagged = flagged_all[scored]
@@ -179,8 +199,29 @@ def evaluate_job(
             "extra_work_unlimited": unlimited.extra_work,
             "jct_limited": {str(m): r.reduction for m, r in limited.items()},
             "extra_work_limited": {str(m): r.extra_work for m, r in limited.items()},
+            "mitigation": mitigate_job(trace, name, config, interval, prototypes),
         }
     return result
+
+
+def mitigate_job(
+    trace: JobTrace,
+    method_name: str,
+    config: EvaluationConfig,
+    interval: float,
+    prototypes: Prototypes | None = None,
+) -> dict[str, dict[str, float]]:
+    """Per policy, the job's completion-time reduction and extra machine time in the closed loop."""
+    out = {}
+    for spec in config.policies:
+        job = online_job(trace, method_name, config, prototypes)
+        run = run_closed_loop(trace, job, make_policy(spec, interval), config.seed, interval)
+        out[spec] = {
+            "jct_reduction": run.outcome.reduction,
+            "extra_machine_time": run.outcome.extra_machine_time,
+            "commands": len(run.commands),
+        }
+    return out
 
 
 def _evaluate_star(args: tuple[JobTrace, EvaluationConfig, Prototypes]) -> JobResult:
@@ -243,10 +284,34 @@ def summarise(results: Sequence[JobResult], config: EvaluationConfig) -> dict[st
                 for m in config.machine_counts
             },
         }
+    mitigation = {
+        name: {
+            spec: {
+                "jct_reduction": _mean(
+                    r.per_method[name]["mitigation"][spec]["jct_reduction"] for r in results
+                ),
+                "extra_machine_time": _mean(
+                    r.per_method[name]["mitigation"][spec]["extra_machine_time"] for r in results
+                ),
+                "jobs_longer": sum(
+                    r.per_method[name]["mitigation"][spec]["jct_reduction"] < -1e-12 for r in results
+                ),
+            }
+            for spec in config.policies
+        }
+        for name in config.methods
+    }
+    limit = {
+        "jct_reduction": _mean(r.limit["jct_reduction"] for r in results),
+        "extra_machine_time": _mean(r.limit["extra_machine_time"] for r in results),
+    }
     return {
         "threshold": config.threshold,
         "quantile": config.quantile,
         "seed": config.seed,
+        "policies": list(config.policies),
+        "mitigation": mitigation,
+        "mitigation_limit": {spec: dict(limit) for spec in config.policies},
         "methods": methods,
         "jobs": len(results),
         "tasks": int(sum(r.scored for r in results)),

@@ -16,7 +16,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Pro
 from jobs_for_tests import make_job
 
 from producers.replayer import (
-    JobSimulation,
     ReplayStalled,
     TraceReplayer,
     feature_map,
@@ -38,6 +37,7 @@ from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.partitioner import partition_of
 from straggler.kafka.topics import create_topics
+from straggler.simulation import JobSimulation
 from straggler.traces.jobtrace import JobTrace, checkpoint_grid
 from straggler.traces.synthetic import generate_jobs
 
@@ -168,15 +168,15 @@ def test_simulated_commands_change_runs_and_extend_the_job() -> None:
     _, _, _, _, running, features = sim.step(0, t0)
     victim, copied, moved = (int(i) for i in running[:3])
     done = int(np.flatnonzero(trace.end <= t0)[0])
-    assert sim.apply(relaunch(trace.job_id, trace.task_ids[done], t0), t0) == "task not running"
-    assert sim.apply(relaunch(trace.job_id, "no-such-task", t0), t0) == "unknown task"
-    assert sim.apply(relaunch(trace.job_id, trace.task_ids[victim], t0, "kill"), t0) is None
-    assert sim.apply(relaunch(trace.job_id, trace.task_ids[copied], t0, "duplicate"), t0) is None
+    assert sim.apply(trace.task_ids[done], "relaunch", t0) == "task not running"
+    assert sim.apply("no-such-task", "relaunch", t0) == "unknown task"
+    assert sim.apply(trace.task_ids[victim], "kill", t0) is None
+    assert sim.apply(trace.task_ids[copied], "duplicate", t0) is None
     assert sim.end[copied] == min(trace.end[copied], t0 + sim.new_latency(copied))
     sim.new_latency(moved)
     assert sim._draws is not None
     sim._draws[moved] = t_last  # the new run outlasts the job's own checkpoints
-    assert sim.apply(relaunch(trace.job_id, trace.task_ids[moved], t0), t0) is None
+    assert sim.apply(trace.task_ids[moved], "relaunch", t0) is None
     assert (sim.attempt[moved], sim.start[moved], sim.end[moved]) == (1, t0, t0 + t_last)
     added = sim.extend(t0, 10.0)
     assert added and added[0] > trace.checkpoints[-1] and added[-1] >= t0 + t_last

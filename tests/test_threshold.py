@@ -1,6 +1,7 @@
 import numpy as np
 
-from straggler.core.threshold import kaplan_meier, online_threshold, oracle_threshold
+from straggler.core.survival import kaplan_meier
+from straggler.core.threshold import online_threshold, oracle_threshold
 
 
 def test_kaplan_meier_matches_a_hand_computed_curve() -> None:

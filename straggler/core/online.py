@@ -42,6 +42,8 @@ class Decision:
     threshold: float
     is_straggler: bool
     model_version: int
+    attempt: int = 0
+    """The task attempt the verdict is about (the running one)."""
 
 
 class OnlineJob:
@@ -139,6 +141,7 @@ class OnlineJob:
                     threshold=float(threshold),
                     is_straggler=flagged,
                     model_version=self.model_version,
+                    attempt=tasks[task_id].attempt,
                 )
             )
         return decisions

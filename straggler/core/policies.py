@@ -43,6 +43,8 @@ class Action:
     reason: str
     decision_key: float
     """Checkpoint time of the verdict that caused it: with job, task and action, the command's identity."""
+    attempt: int = 0
+    """The attempt acted on: copied (duplicate), restarted (relaunch) or stopped (kill)."""
 
 
 class MitigationPolicy(ABC):
@@ -54,8 +56,10 @@ class MitigationPolicy(ABC):
     def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
         """Act on one checkpoint's verdicts for one job."""
 
-    def on_task_finished(self, job_id: str, task_id: str, at: float, latency: float) -> None:  # noqa: B027
-        """A task or a relaunched copy finished (frees machines, informs estimates)."""
+    def on_task_finished(  # noqa: B027
+        self, job_id: str, task_id: str, at: float, latency: float, attempt: int = 0
+    ) -> None:
+        """A task (one of its attempts) finished: frees machines, informs estimates."""
 
     def on_job_ended(self, job_id: str) -> None:  # noqa: B027
         """The job is over: drop its state."""
@@ -68,7 +72,7 @@ class Unlimited(MitigationPolicy):
 
     def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
         return [
-            Action(job_id, d.task_id, "relaunch", at, "predicted straggler", d.checkpoint_time)
+            Action(job_id, d.task_id, "relaunch", at, "predicted straggler", d.checkpoint_time, d.attempt)
             for d in decisions
             if d.is_straggler
         ]
@@ -78,7 +82,7 @@ class Unlimited(MitigationPolicy):
 class _Pool:
     free: int
     holding: set[str] = field(default_factory=set)
-    waiting: list[tuple[str, float]] = field(default_factory=list)
+    waiting: list[tuple[str, float, int]] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
 
 
@@ -97,22 +101,26 @@ class Limited(MitigationPolicy):
 
     def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
         pool = self._pool(job_id)
-        pool.waiting.extend((d.task_id, d.checkpoint_time) for d in decisions if d.is_straggler)
+        pool.waiting.extend((d.task_id, d.checkpoint_time, d.attempt) for d in decisions if d.is_straggler)
         actions = []
         still_waiting = []
-        for task_id, flagged_at in pool.waiting:
+        for task_id, flagged_at, attempt in pool.waiting:
             if task_id in pool.done:
                 continue  # finished on its own while it waited
             if pool.free > 0:
                 pool.free -= 1
                 pool.holding.add(task_id)
-                actions.append(Action(job_id, task_id, "relaunch", at, "predicted straggler", flagged_at))
+                actions.append(
+                    Action(job_id, task_id, "relaunch", at, "predicted straggler", flagged_at, attempt)
+                )
             else:
-                still_waiting.append((task_id, flagged_at))
+                still_waiting.append((task_id, flagged_at, attempt))
         pool.waiting = still_waiting
         return actions
 
-    def on_task_finished(self, job_id: str, task_id: str, at: float, latency: float) -> None:
+    def on_task_finished(
+        self, job_id: str, task_id: str, at: float, latency: float, attempt: int = 0
+    ) -> None:
         pool = self._pool(job_id)
         pool.done.add(task_id)
         if task_id in pool.holding:
@@ -148,26 +156,16 @@ class Mantri(MitigationPolicy):
                 self._restarts[(job_id, d.task_id)] = restarts + 1
                 interval = self.checkpoint_interval
                 reason = f"remaining {remaining:.0f}s > new copy {new_copy:.0f}s + {interval:.0f}s"
-                actions.append(Action(job_id, d.task_id, "relaunch", at, reason, d.checkpoint_time))
+                actions.append(
+                    Action(job_id, d.task_id, "relaunch", at, reason, d.checkpoint_time, d.attempt)
+                )
         return actions
 
-    def on_task_finished(self, job_id: str, task_id: str, at: float, latency: float) -> None:
+    def on_task_finished(
+        self, job_id: str, task_id: str, at: float, latency: float, attempt: int = 0
+    ) -> None:
         self._finished.setdefault(job_id, []).append(latency)
 
     def on_job_ended(self, job_id: str) -> None:
         self._finished.pop(job_id, None)
         self._restarts = {k: v for k, v in self._restarts.items() if k[0] != job_id}
-
-
-def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
-    """``unlimited``, ``limited:M`` or ``mantri``."""
-    if spec == "unlimited":
-        return Unlimited()
-    if spec == "mantri":
-        return Mantri(checkpoint_interval)
-    if spec.startswith("limited:"):
-        try:
-            return Limited(int(spec.split(":", 1)[1]))
-        except ValueError as error:
-            raise ValueError(f"policy {spec!r}: expected limited:M with an integer M") from error
-    raise ValueError(f"unknown policy {spec!r}; use unlimited, limited:M or mantri")

@@ -19,6 +19,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import optimize, special, stats
 
+from straggler.core.survival import kaplan_meier
+
 FloatArray = NDArray[np.float64]
 
 
@@ -28,17 +30,6 @@ def oracle_threshold(latencies: FloatArray, quantile: float = 0.9) -> float:
     if len(values) == 0:
         raise ValueError("no latency to take a quantile of")
     return float(np.quantile(values, quantile))
-
-
-def kaplan_meier(durations: FloatArray, observed: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Event times and survival S(t) just after each, with right-censoring (``observed`` = 1 for events)."""
-    order = np.lexsort((-observed, durations))  # at ties, events before censorings
-    d = durations[order]
-    e = observed[order].astype(bool)
-    at_risk = len(d) - np.arange(len(d))
-    factors = np.where(e, 1.0 - 1.0 / at_risk, 1.0)
-    survival = np.cumprod(factors)
-    return d[e], survival[e]
 
 
 def _lognormal_censored_quantile(finished: FloatArray, censored: FloatArray, quantile: float) -> float:

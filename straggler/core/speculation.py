@@ -1,0 +1,231 @@
+"""The cost-aware speculation rule: start a copy of a task when the job's expected completion-time
+saving is worth the expected extra machine time, first finisher wins, the loser is killed.
+
+At each checkpoint of a job the rule estimates, for every running task, the distribution of its
+remaining time from the job's survival curve (finished tasks are events, running tasks censored at
+their elapsed time; `straggler.core.survival`). The predictor's output enters as a lower bound: a
+flagged task's latency is taken to be at least the threshold it was flagged against. A fresh copy's
+latency follows the same curve. With tasks independent, the job's remaining completion time is the
+maximum of the running tasks' remaining times, so its expectation with and without copies comes out
+of the product of their CDFs.
+
+Candidates are ordered by the time a copy saves the task itself (E[(R - C)+]); the rule copies the
+prefix of that order that maximises
+
+    saving / J  -  machine_price * extra / W
+
+where ``saving`` is the expected cut in the job's completion time, ``J`` the job's expected
+completion time, ``extra`` the expected extra machine time (the copy's run until the race ends,
+less what the original no longer runs, plus the loser's wait for its kill) and ``W`` the job's
+expected total work. ``machine_price`` is the operator's exchange rate: 1 means one per cent of the
+job's machine time is worth one per cent of its completion time. Copying a prefix, not single tasks,
+matters at the end of a job: when several slow tasks are left, copying any one of them alone saves
+nothing. A per-job ``budget`` caps the expected extra machine time (a share of the job's work), and
+with ``machines`` set only that many copies run at once (Algorithm 3's pool; the largest savings
+are served first).
+
+When an attempt of a raced task finishes, the rule issues ``kill`` for the other attempt at the next
+checkpoint. Mantri's duplicate test (copy when P(copy < remaining) > delta) is the special case that
+ignores how much a task's end matters to the job's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from straggler.core.online import Decision
+from straggler.core.policies import Action, MitigationPolicy
+from straggler.core.survival import LatencySurvival
+
+TINY = 1e-300
+
+
+@dataclass
+class _Running:
+    start: float
+    attempt: int
+    at_least: float
+    """A lower bound on the task's latency: its elapsed time, or the threshold it was flagged against."""
+
+
+@dataclass
+class _Race:
+    original: int
+    copy: int
+    started: float
+    decision_key: float
+
+
+@dataclass
+class _Job:
+    finished: dict[str, float] = field(default_factory=dict)
+    running: dict[str, _Running] = field(default_factory=dict)
+    races: dict[str, _Race] = field(default_factory=dict)
+    copied: set[str] = field(default_factory=set)
+    kills: list[tuple[str, int, float]] = field(default_factory=list)
+    """(task, losing attempt, finish time) of races decided since the last checkpoint."""
+    spent: float = 0.0
+    """Expected extra machine time of the copies issued so far, seconds."""
+    first_start: float = math.inf
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """What the rule decided at one checkpoint of one job, with the estimates behind it."""
+
+    tasks: list[str]
+    saving: float
+    """Expected cut in the job's completion time, seconds."""
+    extra: float
+    """Expected extra machine time, seconds."""
+    completion: float
+    work: float
+
+
+class Speculate(MitigationPolicy):
+    """Speculative copies chosen by expected completion-time saving against extra machine time.
+
+    Parameters
+    ----------
+    machine_price
+        Shares of completion time one share of extra machine time is worth (see the module docstring).
+    budget
+        Per job, the expected extra machine time allowed, as a share of the job's expected work.
+    machines
+        Spare machines per job (copies running at once); None for unlimited.
+    checkpoint_interval
+        Seconds between checkpoints: a losing attempt runs on for about half of it until its kill.
+    grid_points
+        Resolution of the remaining-time integrals.
+    """
+
+    def __init__(
+        self,
+        machine_price: float = 4.0,
+        budget: float = 0.1,
+        machines: int | None = None,
+        checkpoint_interval: float = 300.0,
+        grid_points: int = 256,
+    ) -> None:
+        if not machine_price > 0:
+            raise ValueError(f"machine_price must be positive, got {machine_price}")
+        if not budget >= 0:
+            raise ValueError(f"budget must be >= 0, got {budget}")
+        if machines is not None and machines < 1:
+            raise ValueError(f"speculate needs at least one machine, got {machines}")
+        if not checkpoint_interval > 0 or grid_points < 8:
+            raise ValueError("checkpoint_interval must be positive and grid_points >= 8")
+        self.machine_price = machine_price
+        self.budget = budget
+        self.machines = machines
+        self.checkpoint_interval = checkpoint_interval
+        self.grid_points = grid_points
+        self.name = "speculate" if machines is None else f"speculate:{machines}"
+        self._jobs: dict[str, _Job] = {}
+
+    def _job(self, job_id: str) -> _Job:
+        return self._jobs.setdefault(job_id, _Job())
+
+    def on_task_finished(
+        self, job_id: str, task_id: str, at: float, latency: float, attempt: int = 0
+    ) -> None:
+        job = self._job(job_id)
+        job.finished.setdefault(task_id, latency)
+        job.first_start = min(job.first_start, at - latency)
+        job.running.pop(task_id, None)
+        race = job.races.pop(task_id, None)
+        if race is not None:
+            loser = race.copy if attempt == race.original else race.original
+            job.kills.append((task_id, loser, at))
+
+    def on_job_ended(self, job_id: str) -> None:
+        self._jobs.pop(job_id, None)
+
+    def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
+        job = self._job(job_id)
+        actions = [
+            Action(job_id, task_id, "kill", at, f"attempt {loser} lost the race", finished_at, loser)
+            for task_id, loser, finished_at in job.kills
+        ]
+        job.kills = []
+        for d in decisions:
+            if d.task_id in job.finished:
+                continue
+            bound = max(d.elapsed, d.threshold) if d.is_straggler else d.elapsed
+            previous = job.running.get(d.task_id)
+            if previous is not None and previous.attempt == d.attempt:
+                bound = max(bound, previous.at_least)
+            start = at - d.elapsed
+            job.running[d.task_id] = _Running(start, d.attempt, bound)
+            job.first_start = min(job.first_start, start)
+        plan = self.plan(job, at)
+        for task_id in plan.tasks:
+            running = job.running[task_id]
+            job.races[task_id] = _Race(running.attempt, running.attempt + 1, at, at)
+            job.copied.add(task_id)
+            reason = (
+                f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
+                f"for {plan.extra:.0f}s extra machine time (of {plan.work:.0f}s)"
+            )
+            actions.append(Action(job_id, task_id, "duplicate", at, reason, at, running.attempt))
+        job.spent += plan.extra
+        return actions
+
+    def plan(self, job: _Job, at: float) -> CopyPlan:
+        """The copies to start now (see the module docstring); changes nothing."""
+        none = CopyPlan([], 0.0, 0.0, math.nan, math.nan)
+        if not job.finished or not job.running:
+            return none
+        ids = sorted(job.running)
+        elapsed = np.array([at - job.running[t].start for t in ids], dtype=np.float64)
+        at_least = np.array([job.running[t].at_least for t in ids], dtype=np.float64)
+        survival = LatencySurvival(np.fromiter(job.finished.values(), dtype=np.float64), elapsed)
+        span = max(float(at_least.max()), survival.last_time) + 8.0 * survival.tail_scale
+        grid = np.linspace(0.0, span, self.grid_points)
+        step = grid[1] - grid[0]
+        remaining = survival.remaining_cdf(elapsed, at_least, grid)
+        fresh = survival.fresh_cdf(grid)
+        for row, task_id in enumerate(ids):
+            race = job.races.get(task_id)
+            if race is not None:  # the copy has run (at - started) and not finished
+                ran = at - race.started
+                copy_cdf = 1.0 - survival.sf(ran + grid) / max(float(survival.sf(np.array(ran))), TINY)
+                remaining[row] = 1.0 - (1.0 - remaining[row]) * (1.0 - copy_cdf)
+        log_cdf = np.log(np.maximum(remaining, TINY))
+        all_done = log_cdf.sum(axis=0)
+        expected_end = float(np.sum(1.0 - np.exp(all_done)) * step)
+        completion = max(at - job.first_start, 0.0) + expected_end
+        work = (len(job.finished) + len(job.running)) * survival.mean()
+        candidates = [
+            i for i, task_id in enumerate(ids) if task_id not in job.copied and task_id not in job.races
+        ]
+        if not candidates or completion <= 0 or work <= 0:
+            return none
+        cand = np.array(candidates)
+        tail = 1.0 - remaining[cand]
+        gain = np.sum(tail * fresh, axis=1) * step  # E[(R - C)+]: what a copy saves the task
+        copy_time = np.sum(tail * (1.0 - fresh), axis=1) * step  # E[min(R, C)]
+        extra = copy_time - gain + 0.5 * self.checkpoint_interval
+        order = np.argsort(-gain, kind="stable")
+        if self.machines is not None:
+            free = self.machines - len(job.races)
+            order = order[: max(free, 0)]
+        if len(order) == 0:
+            return none
+        with_copy = 1.0 - tail[order] * (1.0 - fresh)
+        change = np.log(np.maximum(with_copy, TINY)) - log_cdf[cand[order]]
+        ends = np.sum(1.0 - np.exp(all_done + np.cumsum(change, axis=0)), axis=1) * step
+        savings = expected_end - ends
+        costs = np.cumsum(extra[order])
+        value = savings / completion - self.machine_price * costs / work
+        affordable = job.spent + costs <= self.budget * work
+        value = np.where(affordable, value, -np.inf)
+        best = int(np.argmax(value))
+        if not value[best] > 0:
+            return none
+        chosen = [ids[cand[i]] for i in order[: best + 1]]
+        return CopyPlan(chosen, float(savings[best]), float(costs[best]), completion, work)

@@ -1,0 +1,393 @@
+"""A pure simulation of a cluster obeying mitigation commands, shared by the replayer and the evaluator.
+
+`JobSimulation` holds one job's tasks as commands change them; the closed-loop replayer publishes
+what it yields onto Kafka, and `run_closed_loop` feeds the same steps to an `OnlineJob` and a policy
+offline, so a stream replay and the evaluator decide the same commands (a test checks it).
+
+The cluster's rules, chosen so that no future information reaches a predictor:
+
+- a new run (a relaunch, or a speculative copy) takes the latency `relaunch_latencies` draws for its
+  task (one fixed draw per task and seed), and reports the features last observed for the task when
+  the run started (the trace's later features describe the original run);
+- ``relaunch`` kills the running attempt and starts attempt + 1 from zero;
+- ``duplicate`` starts attempt + 1 beside the original; the task ends at the earlier of the two, and
+  its finish event names the winning attempt (only the original reports while both run);
+- ``kill`` of a race's loser stops it (until then it keeps its machine); ``kill`` of a task without a
+  copy ends it as killed;
+- a job whose tasks now end after its last checkpoint gets further checkpoints on the same grid.
+
+Machine time is counted per attempt from its start to its end or kill, so the extra machine time of
+a policy is what all attempts used beyond the trace's own runs (negative when copies end tasks early).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas import command_id
+from straggler.core.jobstate import JobState
+from straggler.core.online import Decision, OnlineJob
+from straggler.core.policies import Action, MitigationPolicy
+from straggler.core.scheduling import relaunch_latencies
+from straggler.core.threshold import oracle_threshold
+from straggler.traces.jobtrace import BoolArray, FloatArray, IntArray, JobTrace
+
+CheckpointStep = tuple[int, float, IntArray, IntArray, IntArray, FloatArray]
+"""``(k, t, newly_finished, newly_gone, running_idx, running_X)``, as `JobTrace.checkpoint_events`."""
+
+
+class JobSimulation:
+    """One job's tasks as commands change them: start, end, outcome and attempts of each task.
+
+    Without commands, `step` yields exactly what `JobTrace.checkpoint_events` yields (a test checks it):
+    a task runs at t when ``start <= t`` and it has not ended by t, and its end is announced at the first
+    checkpoint at or after it.
+    """
+
+    def __init__(self, trace: JobTrace, seed: int) -> None:
+        n = trace.n_tasks
+        self.trace = trace
+        self.seed = seed
+        self.start: FloatArray = trace.start.astype(np.float64, copy=True)
+        """Start of the attempt that reports while the task runs (the original while a copy races)."""
+        self.end: FloatArray = trace.end.astype(np.float64, copy=True)
+        """When the task ends: its running attempt's end, or the earlier of a race's two."""
+        self.finished: BoolArray = trace.finished.copy()
+        self.attempt: IntArray = np.zeros(n, dtype=np.int64)
+        self.reported: BoolArray = np.zeros(n, dtype=bool)
+        """The task's end has been published."""
+        self.rerun: BoolArray = np.zeros(n, dtype=bool)
+        """The task's end is no longer the trace's (relaunched, killed, or a copy won)."""
+        self.frozen: BoolArray = np.zeros(n, dtype=bool)
+        """The task runs a new attempt the trace does not describe: its features stay as at relaunch."""
+        self.last_features: FloatArray = np.full((n, len(trace.feature_names)), np.nan)
+        self.checkpoints: list[float] = [float(t) for t in trace.checkpoints]
+        self.task_index: dict[str, int] = {}
+        for i, task_id in enumerate(trace.task_ids):
+            self.task_index.setdefault(task_id, i)
+        self.spent: FloatArray = np.zeros(n)
+        """Machine time of attempts already killed by relaunches."""
+        self.own_end: FloatArray = self.end.copy()
+        """When the reporting attempt would end on its own (differs from ``end`` while a copy wins)."""
+        self.copy_start: FloatArray = np.full(n, np.nan)
+        self.copy_end: FloatArray = np.full(n, np.nan)
+        self.loser_stop: FloatArray = np.full(n, np.nan)
+        """When the losing attempt of a race was killed (NaN: not yet, it runs to its own end)."""
+        self._draws: FloatArray | None = None
+
+    def running_at(self, t: float) -> BoolArray:
+        with np.errstate(invalid="ignore"):
+            return (self.start <= t) & ~(self.end <= t)
+
+    def step(self, k: int, t: float) -> CheckpointStep:
+        """Checkpoint ``k`` at ``t``: the ends to announce since the last one, and the running tasks."""
+        with np.errstate(invalid="ignore"):
+            ending = np.flatnonzero(~self.reported & np.isfinite(self.end) & (self.end <= t))
+        self.reported[ending] = True
+        running = np.flatnonzero(self.running_at(t))
+        features = self.last_features[running]
+        if k < len(self.trace.running_index):
+            position = np.full(self.trace.n_tasks, -1, dtype=np.int64)
+            trace_running = self.trace.running_index[k]
+            position[trace_running] = np.arange(len(trace_running))
+            rows = position[running]
+            from_trace = (rows >= 0) & ~self.frozen[running]
+            features[from_trace] = self.trace.running_features[k][rows[from_trace]]
+        self.last_features[running] = features
+        done = self.finished[ending]
+        return k, t, ending[done], ending[~done], running, features
+
+    def copied(self, i: int) -> bool:
+        return bool(np.isfinite(self.copy_start[i]))
+
+    def copy_won(self, i: int) -> bool:
+        return (
+            self.copied(i) and bool(self.copy_end[i] == self.end[i]) and self.copy_end[i] != self.own_end[i]
+        )
+
+    def finish_of(self, i: int) -> tuple[int, float]:
+        """(attempt, start) of the attempt whose end is task ``i``'s end."""
+        if self.copy_won(i):
+            return int(self.attempt[i]) + 1, float(self.copy_start[i])
+        return int(self.attempt[i]), float(self.start[i])
+
+    def loser_attempt(self, i: int) -> int | None:
+        """The attempt that lost task ``i``'s race, or None if it has no copy."""
+        if not self.copied(i):
+            return None
+        return int(self.attempt[i]) if self.copy_won(i) else int(self.attempt[i]) + 1
+
+    def finish_features(self, i: int) -> FloatArray:
+        """The features a finish event carries: the trace's own, unless the task's end was changed."""
+        if self.rerun[i]:
+            return self.last_features[i]
+        return self.trace.finish_features[i]
+
+    def new_latency(self, i: int) -> float:
+        """Task ``i``'s new-run latency: scored tasks get the offline evaluator's draws, in order, and
+        the others the draws after those (NaN when the job has no latency to draw from)."""
+        if self._draws is None:
+            scored = self.trace.scored
+            n_scored = int(scored.sum())
+            draws = np.full(self.trace.n_tasks, np.nan)
+            if n_scored:
+                pool = self.trace.latency[scored]
+                sample = relaunch_latencies(pool, self.trace.n_tasks, self.trace.job_id, self.seed)
+                draws[scored] = sample[:n_scored]
+                draws[~scored] = sample[n_scored:]
+            self._draws = draws
+        return float(self._draws[i])
+
+    def apply(self, task_id: str, action: str, t: float, attempt: int | None = None) -> str | None:
+        """Carry out a command at instant ``t``; the reason it was ignored, or None if applied.
+
+        ``attempt`` names the attempt acted on (None: the running one)."""
+        i = self.task_index.get(task_id)
+        if i is None:
+            return "unknown task"
+        if action == "kill" and self.copied(i):
+            return self._kill_in_race(i, t, attempt)
+        if not self.running_at(t)[i]:
+            return "task not running"
+        if attempt is not None and attempt != self.attempt[i]:
+            return "attempt not running"
+        if action == "kill":
+            self.spent[i] += t - self.start[i]
+            self.start[i] = self.end[i] = self.own_end[i] = t
+            self.finished[i] = False
+            self.rerun[i] = True
+            return None
+        if self.copied(i):
+            return "task already has a copy"
+        draw = self.new_latency(i)
+        if not math.isfinite(draw):
+            return "job has no latency to draw from"
+        new_end = t + draw
+        self.rerun[i] = self.frozen[i] = True
+        if action == "relaunch":
+            self.spent[i] += t - self.start[i]
+            self.attempt[i] += 1
+            self.start[i] = t
+            self.end[i] = self.own_end[i] = new_end
+            self.finished[i] = True
+        elif action == "duplicate":
+            self.copy_start[i], self.copy_end[i] = t, new_end
+            if not (new_end >= self.end[i]):  # the copy wins (also when the original never ends)
+                self.end[i] = new_end
+                self.finished[i] = True
+            else:
+                self.rerun[i] = False  # the original wins: its own finish, features and latency
+            self.frozen[i] = False  # the original keeps reporting with its own features
+        else:
+            return f"unknown action {action!r}"
+        return None
+
+    def _kill_in_race(self, i: int, t: float, attempt: int | None) -> str | None:
+        if not (self.end[i] <= t):
+            return "race still running"  # only a decided race's loser is killed
+        if attempt is not None and attempt != self.loser_attempt(i):
+            return "attempt already finished"
+        if math.isfinite(self.loser_stop[i]):
+            return "attempt already killed"
+        self.loser_stop[i] = t
+        return None
+
+    def extend(self, t: float, interval: float) -> list[float]:
+        """Checkpoints to add after ``t`` so every end not yet announced gets a checkpoint at or after it."""
+        with np.errstate(invalid="ignore"):
+            pending = ~self.reported & np.isfinite(self.end)
+        if not pending.any():
+            return []
+        need = max(float(self.end[pending].max()), t)
+        last = self.checkpoints[-1]
+        if last >= need and last > t:
+            return []
+        first = round(last / interval) + 1
+        stop = max(first, math.ceil(need / interval))
+        if interval * stop <= t:
+            stop += 1
+        added = [float(c) for c in interval * np.arange(first, stop + 1, dtype=np.float64)]
+        self.checkpoints.extend(added)
+        return added
+
+    def machine_time(self) -> FloatArray:
+        """Machine time each task's attempts used, seconds (NaN where the task never ends)."""
+        used = self.spent + (self.end - self.start)
+        for i in np.flatnonzero(np.isfinite(self.copy_start)).tolist():
+            copy_won = self.copy_won(i)
+            natural = self.own_end[i] if copy_won else self.copy_end[i]
+            stop = self.loser_stop[i] if math.isfinite(self.loser_stop[i]) else natural
+            if not math.isfinite(stop):
+                stop = float(np.nanmax(self.end))
+            original = (stop if copy_won else self.end[i]) - self.start[i]
+            copy = (self.end[i] if copy_won else stop) - self.copy_start[i]
+            used[i] = self.spent[i] + original + copy
+        return used
+
+    def outcome(self) -> JobOutcome:
+        trace = self.trace
+        scored = trace.scored
+        return JobOutcome(
+            job_id=trace.job_id,
+            task_ids=[task for task, ok in zip(trace.task_ids, scored.tolist(), strict=True) if ok],
+            start_before=trace.start[scored],
+            end_before=trace.end[scored],
+            start_after=self.start[scored],
+            end_after=self.end[scored],
+            attempts=self.attempt[scored] + np.isfinite(self.copy_start[scored]),
+            machine_time_after=self.machine_time()[scored],
+        )
+
+
+@dataclass
+class JobOutcome:
+    """A job's scored tasks before and after the commands (identical without commands)."""
+
+    job_id: str
+    task_ids: list[str]
+    start_before: FloatArray
+    end_before: FloatArray
+    start_after: FloatArray
+    end_after: FloatArray
+    attempts: IntArray
+    """Attempts beyond the first that each task ran (relaunches and copies)."""
+    machine_time_after: FloatArray
+
+    @property
+    def jct_before(self) -> float:
+        """Job completion time as traced: last scored end minus first scored start."""
+        if not len(self.task_ids):
+            return math.nan
+        return float(self.end_before.max() - self.start_before.min())
+
+    @property
+    def jct_after(self) -> float:
+        """Completion time after the commands, from the same beginning: a relaunch moves a task's start,
+        not the job's."""
+        if not len(self.task_ids):
+            return math.nan
+        return float(self.end_after.max() - self.start_before.min())
+
+    @property
+    def reduction(self) -> float:
+        """(before - after) / before: positive when the job finished sooner."""
+        before = self.jct_before
+        return (before - self.jct_after) / before if before > 0 else 0.0
+
+    @property
+    def extra_machine_time(self) -> float:
+        """Machine time of every attempt beyond the trace's own runs, as a share of those runs."""
+        work = float(np.sum(self.end_before - self.start_before))
+        if not len(self.task_ids) or work <= 0:
+            return 0.0
+        return (float(np.sum(self.machine_time_after)) - work) / work
+
+    @property
+    def relaunched(self) -> int:
+        return int(np.count_nonzero(self.attempts > 0))
+
+
+@dataclass
+class ClosedLoopRun:
+    """An offline closed-loop run of one job: what the method decided and the commands it caused."""
+
+    outcome: JobOutcome
+    decisions: list[list[Decision]] = field(default_factory=list)
+    commands: list[Action] = field(default_factory=list)
+    """Every distinct command the policy issued, in order (applied or not)."""
+    ignored: dict[str, int] = field(default_factory=dict)
+
+
+def observe_step(state: JobState, sim: JobSimulation, step: CheckpointStep) -> None:
+    """Apply to ``state`` what the replayer publishes for one checkpoint of ``sim``, in its order:
+    finishes (by end time), other ends, then the running tasks' snapshots."""
+    _, t, finished, gone, running, features = step
+    ids = sim.trace.task_ids
+    for i in finished[np.argsort(sim.end[finished], kind="stable")].tolist():
+        attempt, start = sim.finish_of(i)
+        state.observe_finished(ids[i], sim.finish_features(i), sim.end[i] - start, sim.end[i], attempt)
+    for i in gone[np.argsort(sim.end[gone], kind="stable")].tolist():
+        state.observe_gone(ids[i], sim.end[i], int(sim.attempt[i]))
+    for row, i in enumerate(running.tolist()):
+        state.observe_running(ids[i], features[row], sim.start[i], t, int(sim.attempt[i]))
+
+
+def finish_order(sim: JobSimulation, finished: IntArray) -> list[int]:
+    """The order in which the replayer publishes a step's finishes (by end time, stable)."""
+    return [int(i) for i in finished[np.argsort(sim.end[finished], kind="stable")]]
+
+
+def checkpoint_interval(trace: JobTrace, default: float) -> float:
+    """The spacing of the trace's checkpoint grid (``default`` when it has a single checkpoint)."""
+    if len(trace.checkpoints) < 2:
+        return default
+    return float(np.diff(trace.checkpoints).min())
+
+
+def steps(sim: JobSimulation, interval: float) -> Iterator[CheckpointStep]:
+    """Walk ``sim``'s checkpoints, extending the grid whenever commands moved an end past it.
+
+    The caller applies the commands of each step before asking for the next one."""
+    k = 0
+    while k < len(sim.checkpoints):
+        t = sim.checkpoints[k]
+        yield sim.step(k, t)
+        sim.extend(t, interval)
+        k += 1
+
+
+def run_closed_loop(
+    trace: JobTrace, job: OnlineJob, policy: MitigationPolicy, seed: int, interval: float
+) -> ClosedLoopRun:
+    """Feed ``trace`` to ``job`` and ``policy`` checkpoint by checkpoint as the stream does, carry out
+    the policy's commands in the simulation, and return the outcome (the closed loop, offline)."""
+    sim = JobSimulation(trace, seed)
+    run = ClosedLoopRun(sim.outcome())
+    issued: set[str] = set()
+    job_id = trace.job_id
+    for step in steps(sim, interval):
+        _, t, finished, _, _, _ = step
+        observe_step(job.state, sim, step)
+        decisions = job.checkpoint(t)
+        run.decisions.append(decisions)
+        for i in finish_order(sim, finished):
+            attempt, start = sim.finish_of(i)
+            policy.on_task_finished(
+                job_id, trace.task_ids[i], float(sim.end[i]), float(sim.end[i] - start), attempt
+            )
+        for action in policy.on_checkpoint(job_id, t, decisions):
+            identity = command_id(job_id, action.task_id, action.action, action.decision_key)
+            if identity in issued:
+                continue
+            issued.add(identity)
+            run.commands.append(action)
+            reason = sim.apply(action.task_id, action.action, t, action.attempt)
+            if reason is not None:
+                run.ignored[reason] = run.ignored.get(reason, 0) + 1
+    policy.on_job_ended(job_id)
+    run.outcome = sim.outcome()
+    return run
+
+
+def limit_outcome(trace: JobTrace, seed: int, interval: float, quantile: float = 0.9) -> JobOutcome:
+    """The achievable reference: a copy of every true straggler (latency >= the job's p90) at the first
+    checkpoint it is running, the losers killed at the checkpoint after each race (future information:
+    evaluation only)."""
+    scored = trace.scored
+    sim = JobSimulation(trace, seed)
+    if not scored.any():
+        return sim.outcome()
+    straggler = scored & (trace.latency >= oracle_threshold(trace.latency[scored], quantile))
+    for _, t, finished, _, running, _ in steps(sim, interval):
+        for i in finished.tolist():
+            loser = sim.loser_attempt(i)
+            if loser is not None:
+                sim.apply(trace.task_ids[i], "kill", t, loser)
+        for i in running[straggler[running]].tolist():
+            if not sim.copied(i):
+                sim.apply(trace.task_ids[i], "duplicate", t, int(sim.attempt[i]))
+    return sim.outcome()

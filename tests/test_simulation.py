@@ -1,0 +1,124 @@
+"""The cluster simulation's speculative copies, kills and machine-time accounting, and the closed loop
+offline (no broker)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from jobs_for_tests import make_job
+
+from straggler.core.policy_spec import make_policy
+from straggler.evaluation import EvaluationConfig, online_job
+from straggler.simulation import JobSimulation, checkpoint_interval, limit_outcome, run_closed_loop, steps
+from straggler.traces.jobtrace import JobTrace
+
+
+def _first_running(sim: JobSimulation, trace: JobTrace) -> tuple[float, np.ndarray]:
+    t0 = float(trace.checkpoints[0])
+    _, _, _, _, running, _ = sim.step(0, t0)
+    return t0, running
+
+
+def test_a_copy_that_finishes_first_ends_the_task_and_names_its_attempt() -> None:
+    trace = make_job(30, seed=3, interval=10.0, job_id="job-d")
+    sim = JobSimulation(trace, seed=0)
+    t0, running = _first_running(sim, trace)
+    draws = np.array([sim.new_latency(int(i)) for i in running])
+    wins = [int(i) for i, d in zip(running, draws, strict=True) if t0 + d < trace.end[i]]
+    loses = [int(i) for i, d in zip(running, draws, strict=True) if t0 + d > trace.end[i]]
+    assert wins and loses, "the job must have both outcomes at its first checkpoint"
+    winner, loser = wins[0], loses[0]
+    for i in (winner, loser):
+        assert sim.apply(trace.task_ids[i], "duplicate", t0, 0) is None
+    assert sim.apply(trace.task_ids[winner], "duplicate", t0) == "task already has a copy"
+    assert sim.end[winner] == t0 + sim.new_latency(winner)
+    assert sim.finish_of(winner) == (1, t0) and sim.loser_attempt(winner) == 0
+    assert sim.end[loser] == trace.end[loser]
+    assert sim.finish_of(loser) == (0, trace.start[loser]) and sim.loser_attempt(loser) == 1
+    # the loser of a race can be killed only once the race is decided, and only the loser
+    assert sim.apply(trace.task_ids[winner], "kill", t0, 0) == "race still running"
+    later = float(max(sim.end[winner], sim.end[loser])) + 1.0
+    assert sim.apply(trace.task_ids[winner], "kill", later, 1) == "attempt already finished"
+    assert sim.apply(trace.task_ids[winner], "kill", later, 0) is None
+    assert sim.apply(trace.task_ids[winner], "kill", later, 0) == "attempt already killed"
+
+
+def test_machine_time_counts_each_attempt_until_it_ends_or_is_killed() -> None:
+    trace = make_job(30, seed=3, interval=10.0, job_id="job-m")
+    sim = JobSimulation(trace, seed=0)
+    t0, running = _first_running(sim, trace)
+    i = int(running[0])
+    start, own_end = float(trace.start[i]), float(trace.end[i])
+    sim.apply(trace.task_ids[i], "duplicate", t0, 0)
+    copy_end = t0 + sim.new_latency(i)
+    kill_at = max(own_end, copy_end) + 5.0
+    sim.apply(trace.task_ids[i], "kill", kill_at, sim.loser_attempt(i))
+    # the loser runs until its kill, the winner until its end
+    copy_won = copy_end < own_end
+    expected = (kill_at - start) + (copy_end - t0) if copy_won else (own_end - start) + (kill_at - t0)
+    used = sim.machine_time()
+    assert used[i] == pytest.approx(expected)
+    others = np.arange(trace.n_tasks) != i
+    assert np.allclose(used[others], (trace.end - trace.start)[others])
+    outcome = sim.outcome()
+    work = float(np.sum(trace.end - trace.start))
+    assert outcome.extra_machine_time == pytest.approx((float(used.sum()) - work) / work)
+
+
+def test_a_relaunch_counts_the_killed_run_and_the_new_one() -> None:
+    trace = make_job(30, seed=3, interval=10.0, job_id="job-r")
+    sim = JobSimulation(trace, seed=0)
+    t0, running = _first_running(sim, trace)
+    i = int(running[0])
+    sim.apply(trace.task_ids[i], "relaunch", t0, 0)
+    assert sim.machine_time()[i] == pytest.approx((t0 - trace.start[i]) + sim.new_latency(i))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_limit_copies_every_true_straggler_and_never_lengthens_a_job(seed: int) -> None:
+    trace = make_job(120, seed=seed, interval=10.0, job_id=f"job-l{seed}", waves=3, wave_gap=20.0)
+    limit = limit_outcome(trace, 0, 10.0)
+    assert limit.reduction >= 0.0
+    copied = limit.attempts > 0
+    latency = trace.latency[trace.scored]
+    assert np.array_equal(copied, latency >= np.quantile(latency, 0.9))
+
+
+@pytest.mark.parametrize("policy", ["speculate", "speculate:2"])
+@pytest.mark.parametrize("seed", [4, 5])
+def test_speculation_in_the_closed_loop_never_lengthens_a_job(policy: str, seed: int) -> None:
+    trace = make_job(200, seed=seed, interval=4.0, job_id=f"job-s{seed}", signal=0.5, waves=4, wave_gap=30.0)
+    config = EvaluationConfig(methods=("reactive",), threshold="online")
+    interval = checkpoint_interval(trace, 4.0)
+    run = run_closed_loop(
+        trace, online_job(trace, "reactive", config), make_policy(policy, interval), 0, interval
+    )
+    actions = [a.action for a in run.commands]
+    assert "duplicate" in actions, "the scenario must make the policy copy"
+    assert actions.count("kill") <= actions.count("duplicate")
+    assert run.outcome.reduction >= 0.0
+    assert not run.ignored, run.ignored
+    if policy == "speculate:2":
+        live: set[str] = set()
+        for action in run.commands:  # at most two races at once
+            if action.action == "duplicate":
+                live.add(action.task_id)
+            assert len(live) <= 2
+            if action.action == "kill":
+                live.discard(action.task_id)
+
+
+def test_steps_extend_the_grid_for_a_new_run_that_outlasts_the_job() -> None:
+    trace = make_job(12, seed=3, interval=10.0, job_id="job-x")
+    sim = JobSimulation(trace, seed=0)
+    seen = []
+    for _, t, _, _, running, _ in steps(sim, 10.0):
+        seen.append(t)
+        if len(seen) == 1:
+            i = int(running[0])
+            sim.new_latency(i)
+            assert sim._draws is not None
+            sim._draws[i] = float(trace.checkpoints[-1])  # outlasts the trace's own grid
+            sim.apply(trace.task_ids[i], "relaunch", t)
+    assert seen[-1] >= sim.end[np.isfinite(sim.end)].max()
+    assert len(seen) > len(trace.checkpoints)

@@ -1,0 +1,115 @@
+"""The cost-aware speculation rule and the survival curve under it (pure, no broker)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from straggler.core.online import Decision
+from straggler.core.policy_spec import make_policy
+from straggler.core.speculation import Speculate
+from straggler.core.survival import LatencySurvival
+
+
+def verdict(
+    task: str, at: float, elapsed: float, *, flagged: bool = False, threshold: float = 100.0
+) -> Decision:
+    nan = math.nan
+    return Decision("job", task, at, elapsed, nan, nan, nan, nan, threshold, flagged, 1)
+
+
+def finished_job(policy: Speculate, n: int = 95, seed: int = 0) -> None:
+    """A job whose ``n`` finished tasks took 50-150 s, started at 0."""
+    rng = np.random.default_rng(seed)
+    for i, latency in enumerate(rng.uniform(50.0, 150.0, n)):
+        policy.on_task_finished("job", f"done-{i}", float(latency), float(latency))
+
+
+def test_the_survival_curve_steps_on_finished_latencies_and_continues_with_a_tail() -> None:
+    curve = LatencySurvival(np.array([10.0, 20.0, 30.0, 40.0]), np.array([25.0, 45.0]))
+    assert curve.sf(np.array([5.0, 10.0, 20.0]))[0] == 1.0
+    assert curve.sf(np.array([10.0]))[0] == pytest.approx(5 / 6)  # 1 of 6 at risk
+    assert curve.last_value == pytest.approx(2 / 9)  # the running task at 45 is censored, not an event
+    tail = curve.sf(np.array([40.0, 60.0, 1e6]))
+    assert tail[0] == pytest.approx(curve.last_value) and 0 < tail[1] < tail[0] and tail[2] < 1e-9
+    grid = np.linspace(0.0, 100.0, 11)
+    remaining = curve.remaining_cdf(np.array([5.0, 5.0]), np.array([5.0, 35.0]), grid)
+    assert np.all(np.diff(remaining, axis=1) >= 0) and np.all((remaining >= 0) & (remaining <= 1))
+    assert np.all(remaining[1] <= remaining[0])  # a lower bound on the latency only delays the end
+    assert remaining[1][grid < 30.0].max() == 0.0
+    with pytest.raises(ValueError, match="at least one finished"):
+        LatencySurvival(np.array([]), np.array([1.0]))
+
+
+def test_the_last_slow_task_of_a_job_is_copied_and_fresh_ones_are_not() -> None:
+    policy = Speculate(checkpoint_interval=10.0)
+    finished_job(policy)
+    actions = policy.on_checkpoint("job", 400.0, [verdict("slow", 400.0, 400.0, flagged=True)])
+    assert [(a.action, a.task_id, a.attempt) for a in actions] == [("duplicate", "slow", 0)]
+    busy = Speculate(checkpoint_interval=10.0)
+    finished_job(busy, n=10)
+    fresh = [verdict(f"new-{i}", 160.0, 5.0) for i in range(200)]
+    assert busy.on_checkpoint("job", 160.0, fresh) == []
+
+
+def test_the_loser_of_a_race_is_killed_at_the_next_checkpoint() -> None:
+    policy = Speculate(checkpoint_interval=10.0)
+    finished_job(policy)
+    policy.on_checkpoint("job", 400.0, [verdict("slow", 400.0, 400.0, flagged=True)])
+    policy.on_task_finished("job", "slow", 450.0, 50.0, attempt=1)  # the copy won
+    actions = policy.on_checkpoint("job", 460.0, [])
+    assert [(a.action, a.task_id, a.attempt, a.decision_key) for a in actions] == [("kill", "slow", 0, 450.0)]
+    assert policy.on_checkpoint("job", 470.0, []) == []
+
+
+def test_a_flag_from_the_predictor_moves_a_copy_earlier() -> None:
+    plain = Speculate(machine_price=4.0, checkpoint_interval=10.0)
+    told = Speculate(machine_price=4.0, checkpoint_interval=10.0)
+    for policy in (plain, told):
+        finished_job(policy, n=60)
+    running = [verdict(f"r-{i}", 120.0, 100.0) for i in range(20)]
+    assert plain.on_checkpoint("job", 120.0, [*running, verdict("x", 120.0, 60.0)]) == []
+    flagged = verdict("x", 120.0, 60.0, flagged=True, threshold=1000.0)
+    assert [a.task_id for a in told.on_checkpoint("job", 120.0, [*running, flagged])] == ["x"]
+
+
+def test_no_budget_means_no_copy_and_a_pool_limits_the_races() -> None:
+    broke = Speculate(budget=0.0, checkpoint_interval=10.0)
+    finished_job(broke)
+    assert broke.on_checkpoint("job", 400.0, [verdict("slow", 400.0, 400.0, flagged=True)]) == []
+    pool = Speculate(machines=1, checkpoint_interval=10.0)
+    finished_job(pool)
+    slow = [verdict(f"slow-{i}", 400.0, 400.0, flagged=True) for i in range(3)]
+    first = pool.on_checkpoint("job", 400.0, slow)
+    assert len(first) == 1 and first[0].action == "duplicate"
+    assert pool.on_checkpoint("job", 410.0, []) == []  # the machine is taken
+    pool.on_task_finished("job", first[0].task_id, 415.0, 415.0, attempt=0)  # the original won
+    second = pool.on_checkpoint("job", 420.0, [])
+    assert [a.action for a in second] == ["kill", "duplicate"]
+    assert second[0].attempt == 1  # the copy lost
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"machine_price": 0.0}, "machine_price"),
+        ({"budget": -0.1}, "budget"),
+        ({"machines": 0}, "at least one machine"),
+        ({"grid_points": 2}, "grid_points"),
+    ],
+)
+def test_meaningless_parameters_are_refused(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Speculate(**kwargs)  # type: ignore[arg-type]
+
+
+def test_policies_by_name() -> None:
+    assert make_policy("speculate").name == "speculate"
+    assert make_policy("speculate:3").name == "speculate:3"
+    assert make_policy("relaunch").name == make_policy("unlimited").name == "unlimited"
+    with pytest.raises(ValueError, match="speculate:M with an integer"):
+        make_policy("speculate:x")
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("copy-everything")
