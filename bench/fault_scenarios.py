@@ -7,7 +7,8 @@ with what the offline evaluator decides for the same traces:
 - decisions: the first straggler flag per task, ``(job, task, checkpoint)``, must equal
   `straggler.evaluation.replay_decisions`'s; repeated predictions after a restart are allowed (the
   agent is at least once) but two verdicts for the same ``(job, task, checkpoint)`` are not;
-- commands: every command id `Unlimited` issues offline must be on ``relaunch-commands``
+- commands: every command id the default policy (`speculate`: copies of likely stragglers, kills of
+  the races' losers) issues offline for the same open-loop stream must be on ``relaunch-commands``
   (``read_committed``) exactly once.
 
 Why one module: ``tests/test_faults.py`` asserts on these results and ``bench/faults.py`` prints them,
@@ -57,18 +58,19 @@ from schemas import (
     decode,
     encode,
 )
-from straggler.core.policies import Unlimited
-from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.core.policy_spec import DEFAULT_POLICY, make_policy
+from straggler.evaluation import EvaluationConfig, online_job, replay_decisions
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import read_topic
-from straggler.simulation import JobSimulation
+from straggler.simulation import JobSimulation, run_closed_loop
 from straggler.traces.jobtrace import JobTrace
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_SECONDS = 10.0
-"""`make_job`'s checkpoint interval (the mitigator's horizon; `Unlimited` does not use it)."""
+"""`make_job`'s checkpoint interval (the mitigator's horizon)."""
+POLICY = DEFAULT_POLICY
 PENDING_GRACE_S = 3.0
 SETTLE_TIMEOUT_S = 240.0
 """Longest wait for the pipeline to emit every expected marker and command after the last fault."""
@@ -176,19 +178,17 @@ class Expectation:
 
 
 def offline_expectation(traces: Sequence[JobTrace]) -> Expectation:
-    """The offline evaluator's flags and the `Unlimited` policy's commands for the same traces."""
+    """The offline evaluator's flags and `POLICY`'s commands for the same (open-loop) traces."""
     config = EvaluationConfig(methods=("nurd",), threshold="online")
     flags: set[tuple[str, str, float]] = set()
     commands: set[str] = set()
-    policy = Unlimited()
     for trace in traces:
         for verdicts in replay_decisions(trace, "nurd", config):
             flags |= {(d.job_id, d.task_id, d.checkpoint_time) for d in verdicts if d.is_straggler}
-            if verdicts:
-                for action in policy.on_checkpoint(trace.job_id, verdicts[0].checkpoint_time, verdicts):
-                    commands.add(
-                        command_id(action.job_id, action.task_id, action.action, action.decision_key)
-                    )
+        policy = make_policy(POLICY, CHECKPOINT_SECONDS)
+        job = online_job(trace, "nurd", config)
+        run = run_closed_loop(trace, job, policy, config.seed, CHECKPOINT_SECONDS, carry_out=False)
+        commands |= {command_id(a.job_id, a.task_id, a.action, a.decision_key) for a in run.commands}
     markers = {(t.job_id, float(c)) for t in traces for c in t.checkpoints}
     return Expectation(frozenset(flags), frozenset(commands), frozenset(markers))
 
@@ -328,7 +328,7 @@ class Processes:
                 "--topic-prefix",
                 self.topics.prefix,
                 "--policy",
-                "unlimited",
+                POLICY,
                 "--group",
                 self.group,
                 "--checkpoint-seconds",

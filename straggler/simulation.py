@@ -341,10 +341,19 @@ def steps(sim: JobSimulation, interval: float) -> Iterator[CheckpointStep]:
 
 
 def run_closed_loop(
-    trace: JobTrace, job: OnlineJob, policy: MitigationPolicy, seed: int, interval: float
+    trace: JobTrace,
+    job: OnlineJob,
+    policy: MitigationPolicy,
+    seed: int,
+    interval: float,
+    *,
+    carry_out: bool = True,
 ) -> ClosedLoopRun:
     """Feed ``trace`` to ``job`` and ``policy`` checkpoint by checkpoint as the stream does, carry out
-    the policy's commands in the simulation, and return the outcome (the closed loop, offline)."""
+    the policy's commands in the simulation, and return the outcome (the closed loop, offline).
+
+    With ``carry_out=False`` the commands are recorded but the cluster ignores them: what an open-loop
+    replay of the trace makes the pipeline issue."""
     sim = JobSimulation(trace, seed)
     run = ClosedLoopRun(sim.outcome())
     issued: set[str] = set()
@@ -365,6 +374,8 @@ def run_closed_loop(
                 continue
             issued.add(identity)
             run.commands.append(action)
+            if not carry_out:
+                continue
             reason = sim.apply(action.task_id, action.action, t, action.attempt)
             if reason is not None:
                 run.ignored[reason] = run.ignored.get(reason, 0) + 1

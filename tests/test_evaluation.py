@@ -23,6 +23,16 @@ def test_summary_has_the_documented_shape_and_sane_values() -> None:
         assert 0 <= row["f1"] <= 1 and abs(row["tpr"] + row["fnr"] - 1) < 1e-9
         assert len(row["f1_over_time"]) == 10
         assert set(summary["jct"][name]["limited"]) == {"100", "200"}
+    assert summary["policies"] == list(config.policies) == ["relaunch", "speculate", "speculate:5"]
+    for name in config.methods:
+        for policy in config.policies:
+            row = summary["mitigation"][name][policy]
+            assert set(row) == {"jct_reduction", "extra_machine_time", "jobs_longer"}
+            assert -1 < row["jct_reduction"] < 1 and np.isfinite(row["extra_machine_time"])
+        for policy in ("speculate", "speculate:5"):  # a copy races the original: never later
+            assert summary["mitigation"][name][policy]["jobs_longer"] == 0
+    assert set(summary["mitigation_limit"]) == set(config.policies)
+    assert summary["mitigation_limit"]["speculate"]["jct_reduction"] > 0
     # the literal formula flags far more than NURD (the measured degeneration the variants fix)
     assert summary["methods"]["nurd-paper"]["fpr"] > 5 * summary["methods"]["nurd"]["fpr"] + 0.05
 
@@ -59,5 +69,10 @@ def test_evaluate_command_on_the_bundled_real_sample(tmp_path: Path) -> None:
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["jobs"] == 3 and summary["threshold"] == "online"
-    assert (out / "report.md").read_text().count("| nurd |") == 1
-    assert (out / "f1_over_time.png").stat().st_size > 0 and (out / "jct.png").stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert report.count("| nurd |") == 1 + len(summary["policies"])  # prediction row, one per policy
+    speculate = summary["mitigation"]["nurd"]["speculate"]
+    row = f"| nurd | speculate | {speculate['jct_reduction']:+.2%} | {speculate['extra_machine_time']:+.2%} |"
+    assert row in report
+    for plot in ("f1_over_time.png", "jct.png", "mitigation.png"):
+        assert (out / plot).stat().st_size > 0

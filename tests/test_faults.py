@@ -223,7 +223,7 @@ def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> list[bytes]
     return out
 
 
-@pytest.mark.parametrize("policy", ["mantri", "limited:2", "unlimited"])
+@pytest.mark.parametrize("policy", ["mantri", "limited:2", "unlimited", "speculate"])
 def test_repeated_finish_events_do_not_change_the_mitigators_commands(policy: str) -> None:
     def commands(values: list[bytes]) -> list[str]:
         state = MitigationState(policy, 1.0)

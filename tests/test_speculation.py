@@ -9,7 +9,7 @@ import pytest
 
 from straggler.core.online import Decision
 from straggler.core.policy_spec import make_policy
-from straggler.core.speculation import Speculate
+from straggler.core.speculation import MantriDuplicate, Speculate
 from straggler.core.survival import LatencySurvival
 
 
@@ -113,3 +113,16 @@ def test_policies_by_name() -> None:
         make_policy("speculate:x")
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("copy-everything")
+
+
+def test_mantris_duplicate_test_copies_a_task_likely_to_outlast_two_copies() -> None:
+    policy = make_policy("mantri-duplicate", 10.0)
+    finished_job(policy)  # type: ignore[arg-type]
+    for i in range(5):  # a few tasks took 1000 s: one that has run 400 s is likely one of them
+        policy.on_task_finished("job", f"long-{i}", 1000.0 + i, 1000.0 + i)
+    slow = verdict("slow", 1100.0, 400.0)
+    young = verdict("young", 1100.0, 10.0)
+    actions = policy.on_checkpoint("job", 1100.0, [slow, young])
+    assert [(a.action, a.task_id) for a in actions] == [("duplicate", "slow")]
+    with pytest.raises(ValueError, match="delta"):
+        MantriDuplicate(delta=1.5)

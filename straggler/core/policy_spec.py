@@ -5,16 +5,18 @@
 ``relaunch``      the paper's Algorithm 2, kill and restart every flagged task (``unlimited`` is
                   its older name);
 ``limited:M``     Algorithm 3, kill and restart with M spare machines per job;
-``mantri``        Mantri's restart rule.
+``mantri``        Mantri's restart rule;
+``mantri-duplicate[:M]``  Mantri's duplicate test (P(remaining > 2 copies) > 0.25) on the same
+                  survival estimates as ``speculate``, for comparison.
 """
 
 from __future__ import annotations
 
 from straggler.core.policies import Limited, Mantri, MitigationPolicy, Unlimited
-from straggler.core.speculation import Speculate
+from straggler.core.speculation import MantriDuplicate, Speculate
 
 DEFAULT_POLICY = "speculate"
-POLICY_SPECS = "speculate, speculate:M, relaunch (or unlimited), limited:M or mantri"
+POLICY_SPECS = "speculate[:M], relaunch (or unlimited), limited:M, mantri or mantri-duplicate[:M]"
 
 
 def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
@@ -25,13 +27,17 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
         return Mantri(checkpoint_interval)
     if spec == "speculate":
         return Speculate(checkpoint_interval=checkpoint_interval)
+    if spec == "mantri-duplicate":
+        return MantriDuplicate(checkpoint_interval=checkpoint_interval)
     name, _, count = spec.partition(":")
-    if name in ("limited", "speculate") and count:
+    if name in ("limited", "speculate", "mantri-duplicate") and count:
         try:
             machines = int(count)
         except ValueError as error:
             raise ValueError(f"policy {spec!r}: expected {name}:M with an integer M") from error
         if name == "limited":
             return Limited(machines)
+        if name == "mantri-duplicate":
+            return MantriDuplicate(machines=machines, checkpoint_interval=checkpoint_interval)
         return Speculate(machines=machines, checkpoint_interval=checkpoint_interval)
     raise ValueError(f"unknown policy {spec!r}; use {POLICY_SPECS}")

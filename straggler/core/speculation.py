@@ -36,12 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from straggler.core.online import Decision
 from straggler.core.policies import Action, MitigationPolicy
 from straggler.core.survival import LatencySurvival
 
 TINY = 1e-300
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 
 @dataclass
@@ -84,6 +87,9 @@ class CopyPlan:
     """Expected extra machine time, seconds."""
     completion: float
     work: float
+
+
+NO_PLAN = CopyPlan([], 0.0, 0.0, math.nan, math.nan)
 
 
 class Speculate(MitigationPolicy):
@@ -177,55 +183,131 @@ class Speculate(MitigationPolicy):
 
     def plan(self, job: _Job, at: float) -> CopyPlan:
         """The copies to start now (see the module docstring); changes nothing."""
-        none = CopyPlan([], 0.0, 0.0, math.nan, math.nan)
-        if not job.finished or not job.running:
-            return none
-        ids = sorted(job.running)
-        elapsed = np.array([at - job.running[t].start for t in ids], dtype=np.float64)
-        at_least = np.array([job.running[t].at_least for t in ids], dtype=np.float64)
-        survival = LatencySurvival(np.fromiter(job.finished.values(), dtype=np.float64), elapsed)
-        span = max(float(at_least.max()), survival.last_time) + 8.0 * survival.tail_scale
-        grid = np.linspace(0.0, span, self.grid_points)
-        step = grid[1] - grid[0]
-        remaining = survival.remaining_cdf(elapsed, at_least, grid)
-        fresh = survival.fresh_cdf(grid)
-        for row, task_id in enumerate(ids):
-            race = job.races.get(task_id)
-            if race is not None:  # the copy has run (at - started) and not finished
-                ran = at - race.started
-                copy_cdf = 1.0 - survival.sf(ran + grid) / max(float(survival.sf(np.array(ran))), TINY)
-                remaining[row] = 1.0 - (1.0 - remaining[row]) * (1.0 - copy_cdf)
-        log_cdf = np.log(np.maximum(remaining, TINY))
-        all_done = log_cdf.sum(axis=0)
-        expected_end = float(np.sum(1.0 - np.exp(all_done)) * step)
-        completion = max(at - job.first_start, 0.0) + expected_end
-        work = (len(job.finished) + len(job.running)) * survival.mean()
-        candidates = [
-            i for i, task_id in enumerate(ids) if task_id not in job.copied and task_id not in job.races
-        ]
-        if not candidates or completion <= 0 or work <= 0:
-            return none
-        cand = np.array(candidates)
-        tail = 1.0 - remaining[cand]
-        gain = np.sum(tail * fresh, axis=1) * step  # E[(R - C)+]: what a copy saves the task
-        copy_time = np.sum(tail * (1.0 - fresh), axis=1) * step  # E[min(R, C)]
+        est = _estimate(job, at, self.grid_points)
+        if est is None or not len(est.candidates):
+            return NO_PLAN
+        tail = 1.0 - est.remaining[est.candidates]
+        gain = np.sum(tail * est.fresh, axis=1) * est.step  # E[(R - C)+]: what a copy saves the task
+        copy_time = np.sum(tail * (1.0 - est.fresh), axis=1) * est.step  # E[min(R, C)]
         extra = copy_time - gain + 0.5 * self.checkpoint_interval
         order = np.argsort(-gain, kind="stable")
         if self.machines is not None:
-            free = self.machines - len(job.races)
-            order = order[: max(free, 0)]
+            order = order[: max(self.machines - len(job.races), 0)]
         if len(order) == 0:
-            return none
-        with_copy = 1.0 - tail[order] * (1.0 - fresh)
-        change = np.log(np.maximum(with_copy, TINY)) - log_cdf[cand[order]]
-        ends = np.sum(1.0 - np.exp(all_done + np.cumsum(change, axis=0)), axis=1) * step
-        savings = expected_end - ends
+            return NO_PLAN
+        with_copy = 1.0 - tail[order] * (1.0 - est.fresh)
+        change = np.log(np.maximum(with_copy, TINY)) - est.log_cdf[est.candidates[order]]
+        ends = np.sum(1.0 - np.exp(est.all_done + np.cumsum(change, axis=0)), axis=1) * est.step
+        savings = est.expected_end - ends
         costs = np.cumsum(extra[order])
-        value = savings / completion - self.machine_price * costs / work
-        affordable = job.spent + costs <= self.budget * work
+        value = savings / est.completion - self.machine_price * costs / est.work
+        affordable = job.spent + costs <= self.budget * est.work
         value = np.where(affordable, value, -np.inf)
         best = int(np.argmax(value))
         if not value[best] > 0:
-            return none
-        chosen = [ids[cand[i]] for i in order[: best + 1]]
-        return CopyPlan(chosen, float(savings[best]), float(costs[best]), completion, work)
+            return NO_PLAN
+        chosen = [est.ids[i] for i in est.candidates[order[: best + 1]]]
+        return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work)
+
+
+class MantriDuplicate(Speculate):
+    """Mantri's duplicate test (OSDI'10 §4.2) on the same estimates, for comparison: copy a running
+    task when P(remaining > 2 x a copy's time) > ``delta``, i.e. when the copy likely saves machine
+    time, whatever the task's end means for the job's. Largest probability first with a pool."""
+
+    def __init__(
+        self,
+        delta: float = 0.25,
+        machines: int | None = None,
+        checkpoint_interval: float = 300.0,
+        grid_points: int = 256,
+    ) -> None:
+        super().__init__(
+            budget=math.inf,
+            machines=machines,
+            checkpoint_interval=checkpoint_interval,
+            grid_points=grid_points,
+        )
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        self.delta = delta
+        self.name = "mantri-duplicate" if machines is None else f"mantri-duplicate:{machines}"
+
+    def plan(self, job: _Job, at: float) -> CopyPlan:
+        est = _estimate(job, at, self.grid_points)
+        if est is None or not len(est.candidates):
+            return NO_PLAN
+        copy_density = np.diff(np.r_[0.0, est.fresh])
+        outlasts = np.array(
+            [1.0 - np.interp(2.0 * est.grid, est.grid, est.remaining[i], right=1.0) for i in est.candidates]
+        )
+        success = outlasts @ copy_density  # P(R > 2 C)
+        order = np.flatnonzero(success > self.delta)
+        order = order[np.argsort(-success[order], kind="stable")]
+        if self.machines is not None:
+            order = order[: max(self.machines - len(job.races), 0)]
+        if len(order) == 0:
+            return NO_PLAN
+        chosen = [est.ids[i] for i in est.candidates[order]]
+        return CopyPlan(chosen, math.nan, 0.0, est.completion, est.work)
+
+
+@dataclass(frozen=True)
+class _Estimates:
+    ids: list[str]
+    grid: FloatArray
+    step: float
+    remaining: FloatArray
+    """P(remaining <= r) per running task (rows) and grid point, its copy (if any) included."""
+    fresh: FloatArray
+    log_cdf: FloatArray
+    all_done: FloatArray
+    expected_end: float
+    """E[time until every running task has ended], seconds."""
+    completion: float
+    work: float
+    candidates: IntArray
+    """Rows of tasks that may be copied (never copied before)."""
+
+
+def _estimate(job: _Job, at: float, grid_points: int) -> _Estimates | None:
+    """The survival estimates behind a plan, or None before the job has a finished and a running task."""
+    if not job.finished or not job.running:
+        return None
+    ids = sorted(job.running)
+    elapsed = np.array([at - job.running[t].start for t in ids], dtype=np.float64)
+    at_least = np.array([job.running[t].at_least for t in ids], dtype=np.float64)
+    survival = LatencySurvival(np.fromiter(job.finished.values(), dtype=np.float64), elapsed)
+    span = max(float(at_least.max()), survival.last_time) + 8.0 * survival.tail_scale
+    grid = np.linspace(0.0, span, grid_points)
+    step = float(grid[1] - grid[0])
+    remaining = survival.remaining_cdf(elapsed, at_least, grid)
+    for row, task_id in enumerate(ids):
+        race = job.races.get(task_id)
+        if race is not None:  # the copy has run (at - started) and not finished
+            ran = at - race.started
+            copy_cdf = 1.0 - survival.sf(ran + grid) / max(float(survival.sf(np.array(ran))), TINY)
+            remaining[row] = 1.0 - (1.0 - remaining[row]) * (1.0 - copy_cdf)
+    log_cdf = np.log(np.maximum(remaining, TINY))
+    all_done = log_cdf.sum(axis=0)
+    expected_end = float(np.sum(1.0 - np.exp(all_done)) * step)
+    completion = max(at - job.first_start, 0.0) + expected_end
+    work = (len(job.finished) + len(job.running)) * survival.mean()
+    if completion <= 0 or work <= 0:
+        return None
+    candidates = np.array(
+        [i for i, t in enumerate(ids) if t not in job.copied and t not in job.races], dtype=np.int64
+    )
+    return _Estimates(
+        ids,
+        grid,
+        step,
+        remaining,
+        survival.fresh_cdf(grid),
+        log_cdf,
+        all_done,
+        expected_end,
+        completion,
+        work,
+        candidates,
+    )
