@@ -10,8 +10,9 @@ The cluster's rules, chosen so that no future information reaches a predictor:
   task (one fixed draw per task and seed), and reports the features last observed for the task when
   the run started (the trace's later features describe the original run);
 - ``relaunch`` kills the running attempt and starts attempt + 1 from zero;
-- ``duplicate`` starts attempt + 1 beside the original; the task ends at the earlier of the two, and
-  its finish event names the winning attempt (only the original reports while both run);
+- ``duplicate`` starts attempt + 1 beside the original; the task ends at the earlier of the two (the
+  copy's end when the original fails first), and its finish event names the winning attempt (only
+  the original reports while both run);
 - ``kill`` of a race's loser stops it (until then it keeps its machine); ``kill`` of a task without a
   copy ends it as killed;
 - a job whose tasks now end after its last checkpoint gets further checkpoints on the same grid.
@@ -176,7 +177,8 @@ class JobSimulation:
             self.finished[i] = True
         elif action == "duplicate":
             self.copy_start[i], self.copy_end[i] = t, new_end
-            if not (new_end >= self.end[i]):  # the copy wins (also when the original never ends)
+            if not (new_end >= self.end[i]) or not self.finished[i]:
+                # the copy wins: it ends first, or the original fails (or never ends) before it
                 self.end[i] = new_end
                 self.finished[i] = True
             else:
@@ -220,9 +222,9 @@ class JobSimulation:
         for i in np.flatnonzero(np.isfinite(self.copy_start)).tolist():
             copy_won = self.copy_won(i)
             natural = self.own_end[i] if copy_won else self.copy_end[i]
-            stop = self.loser_stop[i] if math.isfinite(self.loser_stop[i]) else natural
-            if not math.isfinite(stop):
-                stop = float(np.nanmax(self.end))
+            if not math.isfinite(natural):
+                natural = float(np.nanmax(self.end))
+            stop = min(self.loser_stop[i], natural) if math.isfinite(self.loser_stop[i]) else natural
             original = (stop if copy_won else self.end[i]) - self.start[i]
             copy = (self.end[i] if copy_won else stop) - self.copy_start[i]
             used[i] = self.spent[i] + original + copy

@@ -3,6 +3,8 @@ offline (no broker)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from jobs_for_tests import make_job
@@ -51,13 +53,20 @@ def test_machine_time_counts_each_attempt_until_it_ends_or_is_killed() -> None:
     start, own_end = float(trace.start[i]), float(trace.end[i])
     sim.apply(trace.task_ids[i], "duplicate", t0, 0)
     copy_end = t0 + sim.new_latency(i)
-    kill_at = max(own_end, copy_end) + 5.0
+    first, second = sorted((own_end, copy_end))
+    assert first < second
+    kill_at = (first + second) / 2  # the loser is killed before it would have ended on its own
     sim.apply(trace.task_ids[i], "kill", kill_at, sim.loser_attempt(i))
     # the loser runs until its kill, the winner until its end
     copy_won = copy_end < own_end
     expected = (kill_at - start) + (copy_end - t0) if copy_won else (own_end - start) + (kill_at - t0)
     used = sim.machine_time()
     assert used[i] == pytest.approx(expected)
+    late = JobSimulation(trace, seed=0)  # a kill after the loser's own end stops nothing
+    late.step(0, t0)
+    late.apply(trace.task_ids[i], "duplicate", t0, 0)
+    late.apply(trace.task_ids[i], "kill", second + 50.0, late.loser_attempt(i))
+    assert late.machine_time()[i] == pytest.approx((own_end - start) + (copy_end - t0))
     others = np.arange(trace.n_tasks) != i
     assert np.allclose(used[others], (trace.end - trace.start)[others])
     outcome = sim.outcome()
@@ -122,3 +131,18 @@ def test_steps_extend_the_grid_for_a_new_run_that_outlasts_the_job() -> None:
             sim.apply(trace.task_ids[i], "relaunch", t)
     assert seen[-1] >= sim.end[np.isfinite(sim.end)].max()
     assert len(seen) > len(trace.checkpoints)
+
+
+def test_a_copy_carries_the_task_when_the_original_fails_first() -> None:
+    trace = make_job(30, seed=3, interval=10.0, job_id="job-f")
+    t0 = float(trace.checkpoints[0])
+    i = int(trace.running_index[0][0])
+    finished = trace.finished.copy()
+    finished[i] = False  # the original run fails at its end instead of finishing
+    failing = dataclasses.replace(trace, finished=finished)
+    sim = JobSimulation(failing, seed=0)
+    sim.step(0, t0)
+    draw = sim.new_latency(i)
+    assert sim.apply(failing.task_ids[i], "duplicate", t0, 0) is None
+    assert sim.finished[i] and sim.end[i] == t0 + draw and sim.finish_of(i) == (1, t0)
+    assert sim.loser_attempt(i) == 0
