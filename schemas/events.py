@@ -17,7 +17,8 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal, Self, get_type_hints
 
 SCHEMA_VERSION = 1
-"""Version every event is written with today (the only one `schemas.codec` knows)."""
+"""Version most events are written with today; `Prediction` and `RelaunchCommand` are at version 2
+(they name the task attempt). `schemas.codec` reads every version it ships a schema for."""
 
 TaskStatus = Literal["running", "finished", "failed", "killed"]
 JobEventKind = Literal["started", "ended"]
@@ -135,7 +136,7 @@ class Prediction(_EventBase):
     EVENT_TYPE: ClassVar[str] = "prediction"
 
     type: Literal["prediction"] = "prediction"
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = 2
     job_id: str
     task_id: str
     checkpoint_time: float
@@ -150,6 +151,7 @@ class Prediction(_EventBase):
     elapsed: float
     produced_at: float
     attempt: int | None = None
+    """The attempt judged (version 2); None when read from a version-1 record."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +161,7 @@ class RelaunchCommand(_EventBase):
     EVENT_TYPE: ClassVar[str] = "relaunch_command"
 
     type: Literal["relaunch_command"] = "relaunch_command"
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = 2
     command_id: str
     job_id: str
     task_id: str
@@ -169,6 +171,7 @@ class RelaunchCommand(_EventBase):
     issued_at: float
     checkpoint_time: float
     attempt: int | None = None
+    """The attempt acted on (version 2); None when read from a version-1 record."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -345,8 +345,10 @@ def test_schema_file_is_a_valid_draft07_schema(event_type: str) -> None:
 @pytest.mark.parametrize("event_type", sorted(EVENT_CLASSES))
 def test_dataclass_fields_equal_schema_properties(event_type: str) -> None:
     cls = EVENT_CLASSES[event_type]
-    doc = schema_document(event_type, SCHEMA_VERSION)
     table = fields(cls)
+    written = next(f.default for f in table if f.name == "schema_version")
+    assert written in (SCHEMA_VERSION, max(KNOWN_VERSIONS[event_type]))
+    doc = schema_document(event_type, written)  # the version the class writes
     assert {f.name for f in table} == set(doc["properties"])
     # The schema's required fields are the dataclass's fields without a default (plus the two
     # discriminators); its optional fields are the ones defaulting to None.
@@ -750,3 +752,15 @@ def test_command_id_is_stable_and_unambiguous() -> None:
     assert command_id("ab", "c", "kill", 1) != command_id("a", "bc", "kill", 1)
     with pytest.raises(TypeError):
         command_id("j", "t", "kill", True)
+
+
+@pytest.mark.parametrize(
+    "event", [SAMPLES[i] for i, e in enumerate(SAMPLES) if e.type in ("prediction", "relaunch_command")]
+)
+def test_version_1_records_still_decode_and_version_2_names_the_attempt(event: Any) -> None:
+    written = {**event.to_dict(), "attempt": 2}
+    assert written["schema_version"] == 2 and decode(orjson.dumps(written)).attempt == 2
+    old = {k: v for k, v in event.to_dict().items() if k != "attempt"} | {"schema_version": 1}
+    assert decode(orjson.dumps(old)).attempt is None
+    with pytest.raises(SchemaError, match="unknown field"):
+        decode(orjson.dumps(old | {"attempt": 0}))  # version 1 has no attempt
