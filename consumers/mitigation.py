@@ -136,12 +136,13 @@ class _Job:
     """Predictions by checkpoint time, then task, until the checkpoint's marker arrives."""
     waiting: deque[tuple[float, list[Decision]]] = field(default_factory=deque)
     """Markers that arrived before the job's ``task-checkpoints`` reached their time."""
-    finishes: list[tuple[float, str, float, int]] = field(default_factory=list)
-    """(time, task, latency, attempt) of finishes the policy has not been told about yet."""
+    finishes: list[tuple[float, str, float | None, int]] = field(default_factory=list)
+    """(time, task, latency, attempt) of ends the policy has not been told about yet; latency None
+    for a run that failed or was killed."""
     ended_at: float | None = None
     issued: set[str] = field(default_factory=set)
     finished_runs: set[tuple[str, int]] = field(default_factory=set)
-    """(task, attempt) of every finish seen: producers may repeat events (at least once)."""
+    """(task, attempt) of every end seen: producers may repeat events (at least once)."""
 
 
 class MitigationState:
@@ -229,11 +230,13 @@ class MitigationState:
         job = self._job(event.job_id)
         if job is None:
             return []
-        if event.status == "finished" and event.latency is not None:
+        ended = event.status == "finished" and event.latency is not None
+        if ended or event.status in ("failed", "killed"):
             run = (event.task_id, event.attempt)
-            if run not in job.finished_runs:  # a repeated finish must not count twice (Mantri's median)
+            if run not in job.finished_runs:  # a repeated end must not count twice (Mantri's median)
                 job.finished_runs.add(run)
-                job.finishes.append((event.checkpoint_time, event.task_id, event.latency, event.attempt))
+                latency = event.latency if ended else None
+                job.finishes.append((event.checkpoint_time, event.task_id, latency, event.attempt))
         if event.status == "running":
             return self._advance(event.job_id, job, event.checkpoint_time, partition)
         return []
@@ -253,10 +256,12 @@ class MitigationState:
             at, decisions = job.waiting.popleft()
             later = []
             for finish in job.finishes:
-                if finish[0] <= at:
-                    self.policy.on_task_finished(job_id, finish[1], finish[0], finish[2], finish[3])
-                else:
+                if finish[0] > at:
                     later.append(finish)
+                elif finish[2] is None:
+                    self.policy.on_task_gone(job_id, finish[1], finish[0], finish[3])
+                else:
+                    self.policy.on_task_finished(job_id, finish[1], finish[0], finish[2], finish[3])
             job.finishes = later
             self.checkpoints += 1
             for action in self.policy.on_checkpoint(job_id, at, decisions):

@@ -455,7 +455,7 @@ class TraceReplayer:
                 source=source,
             )
             send(topic, trace.job_id, event)
-        for i in gone[np.argsort(sim.end[gone], kind="stable")].tolist():
+        for i in finish_order(sim, gone):
             event = TaskCheckpoint(
                 job_id=trace.job_id,
                 task_id=trace.task_ids[i],

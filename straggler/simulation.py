@@ -319,7 +319,8 @@ def observe_step(state: JobState, sim: JobSimulation, step: CheckpointStep) -> N
 
 
 def finish_order(sim: JobSimulation, finished: IntArray) -> list[int]:
-    """The order in which the replayer publishes a step's finishes (by end time, stable)."""
+    """The order in which the replayer publishes a step's finishes, or its other ends (by end time,
+    stable)."""
     return [int(i) for i in finished[np.argsort(sim.end[finished], kind="stable")]]
 
 
@@ -361,15 +362,17 @@ def run_closed_loop(
     issued: set[str] = set()
     job_id = trace.job_id
     for step in steps(sim, interval):
-        _, t, finished, _, _, _ = step
+        _, t, finished, gone, _, _ = step
         observe_step(job.state, sim, step)
         decisions = job.checkpoint(t)
         run.decisions.append(decisions)
-        for i in finish_order(sim, finished):
+        for i in finish_order(sim, finished):  # in the stream's order: the finishes, then other ends
             attempt, start = sim.finish_of(i)
             policy.on_task_finished(
                 job_id, trace.task_ids[i], float(sim.end[i]), float(sim.end[i] - start), attempt
             )
+        for i in finish_order(sim, gone):
+            policy.on_task_gone(job_id, trace.task_ids[i], float(sim.end[i]), int(sim.attempt[i]))
         for action in policy.on_checkpoint(job_id, t, decisions):
             identity = command_id(job_id, action.task_id, action.action, action.decision_key)
             if identity in issued:

@@ -47,6 +47,7 @@ from schemas import (
     decode,
     encode,
 )
+from straggler.core.policies import Unlimited
 from straggler.kafka.config import consumer_config, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
@@ -789,3 +790,41 @@ def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
     union = committed_commands(kafka_bootstrap, topics)
     assert len(union) == len(set(ids(union))), "a command was committed twice"
     assert set(ids(union)) == expected
+
+
+def test_a_failed_or_killed_run_reaches_the_policy_before_the_checkpoint_it_precedes() -> None:
+    heard: list[tuple[str, str, float, int]] = []
+
+    class Recorder(Unlimited):
+        def on_task_finished(
+            self, job_id: str, task_id: str, at: float, latency: float, attempt: int = 0
+        ) -> None:
+            heard.append(("finished", task_id, at, attempt))
+
+        def on_task_gone(self, job_id: str, task_id: str, at: float, attempt: int = 0) -> None:
+            heard.append(("gone", task_id, at, attempt))
+
+    stream = Stream()
+    stream.start("j", 3)
+    stream.finish("j", "a", 250.0, 200.0)
+    for task, status, at in (("b", "failed", 260.0), ("c", "killed", 310.0)):
+        stream.events.append(
+            TaskCheckpoint(
+                job_id="j",
+                task_id=task,
+                attempt=1,
+                checkpoint_time=at,
+                status=status,
+                machine_id="m",
+                features={},
+            )
+        )
+    stream.checkpoint("j", 300.0, {})
+    state = MitigationState("unlimited")
+    state.policy = Recorder()
+    for offset, event in enumerate(stream.events):
+        topic = (
+            TopicNames().predictions if isinstance(event, CheckpointEvaluated) else TopicNames().checkpoints
+        )
+        state.process(encode(event), topic, 0, offset)
+    assert heard == [("finished", "a", 250.0, 0), ("gone", "b", 260.0, 1)]  # c ends after 300: later

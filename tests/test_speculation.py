@@ -126,3 +126,19 @@ def test_mantris_duplicate_test_copies_a_task_likely_to_outlast_two_copies() -> 
     assert [(a.action, a.task_id) for a in actions] == [("duplicate", "slow")]
     with pytest.raises(ValueError, match="delta"):
         MantriDuplicate(delta=1.5)
+
+
+def test_a_task_that_failed_no_longer_counts_as_running() -> None:
+    policy = Speculate(checkpoint_interval=10.0)
+    finished_job(policy)
+    policy.on_task_gone("job", "slow", 399.0, attempt=0)  # unknown yet: nothing to forget
+    quiet = [verdict(f"r-{i}", 400.0, 20.0) for i in range(5)]
+    assert [
+        a.task_id for a in policy.on_checkpoint("job", 400.0, [*quiet, verdict("slow", 400.0, 400.0)])
+    ] == ["slow"]
+    phantom = Speculate(checkpoint_interval=10.0)
+    finished_job(phantom)
+    phantom.on_checkpoint("job", 100.0, [verdict("dead", 100.0, 90.0)])
+    phantom.on_task_gone("job", "dead", 105.0, attempt=0)
+    # had "dead" stayed a running task, its ever-growing elapsed time would be what the job waits for
+    assert "dead" not in phantom._jobs["job"].running

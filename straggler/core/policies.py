@@ -4,7 +4,8 @@ The mitigation consumer and the offline completion-time simulation drive the sam
 same three calls, so a policy cannot behave differently in the stream and in the evaluator:
 
 - ``on_checkpoint(job_id, at, decisions)``: the verdicts of one checkpoint of one job, in order;
-- ``on_task_finished(job_id, task_id, at, latency)``: a task (or a relaunched copy) finished;
+- ``on_task_finished(job_id, task_id, at, latency, attempt)``: an attempt of a task finished;
+- ``on_task_gone(job_id, task_id, at, attempt)``: an attempt failed or was killed;
 - ``on_job_ended(job_id)``: forget the job.
 
 ``unlimited``   the paper's Algorithm 2: relaunch every predicted straggler at once.
@@ -60,6 +61,9 @@ class MitigationPolicy(ABC):
         self, job_id: str, task_id: str, at: float, latency: float, attempt: int = 0
     ) -> None:
         """A task (one of its attempts) finished: frees machines, informs estimates."""
+
+    def on_task_gone(self, job_id: str, task_id: str, at: float, attempt: int = 0) -> None:  # noqa: B027
+        """A task's attempt ended without finishing (failed, killed): it no longer runs."""
 
     def on_job_ended(self, job_id: str) -> None:  # noqa: B027
         """The job is over: drop its state."""

@@ -151,6 +151,12 @@ class Speculate(MitigationPolicy):
             loser = race.copy if attempt == race.original else race.original
             job.kills.append((task_id, loser, at))
 
+    def on_task_gone(self, job_id: str, task_id: str, at: float, attempt: int = 0) -> None:
+        job = self._job(job_id)
+        running = job.running.get(task_id)
+        if running is not None and running.attempt == attempt and task_id not in job.races:
+            del job.running[task_id]  # a race goes on with its copy, which reports the task's end
+
     def on_job_ended(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
 
