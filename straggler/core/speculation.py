@@ -17,16 +17,18 @@ prefix of that order that maximises
 where ``saving`` is the expected cut in the job's completion time, ``J`` the job's expected
 completion time, ``extra`` the expected extra machine time (the copy's run until the race ends,
 less what the original no longer runs, plus the loser's wait for its kill) and ``W`` the job's
-expected total work. ``machine_price`` is the operator's exchange rate: 1 means one per cent of the
-job's machine time is worth one per cent of its completion time. Copying a prefix, not single tasks,
+expected total work. ``machine_price`` is the operator's exchange rate: the share of completion time
+one share of extra machine time must buy (with 8, a copy costing 0.1 % of the job's work must be
+expected to cut its completion time by at least 0.8 %). Copying a prefix, not single tasks,
 matters at the end of a job: when several slow tasks are left, copying any one of them alone saves
 nothing. A per-job ``budget`` caps the expected extra machine time (a share of the job's work), and
 with ``machines`` set only that many copies run at once (Algorithm 3's pool; the largest savings
 are served first).
 
 When an attempt of a raced task finishes, the rule issues ``kill`` for the other attempt at the next
-checkpoint. Mantri's duplicate test (copy when P(copy < remaining) > delta) is the special case that
-ignores how much a task's end matters to the job's.
+checkpoint. `MantriDuplicate` applies Mantri's duplicate test (copy when P(remaining > 2 copies) >
+delta) to the same estimates, for comparison: it asks whether a copy saves machine time, not whether
+the task's end matters to the job's.
 """
 
 from __future__ import annotations
@@ -60,7 +62,6 @@ class _Race:
     original: int
     copy: int
     started: float
-    decision_key: float
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Speculate(MitigationPolicy):
     Parameters
     ----------
     machine_price
-        Shares of completion time one share of extra machine time is worth (see the module docstring).
+        The share of completion time one share of extra machine time must buy (module docstring).
         The default, 8, is the measured knee on the real and synthetic traces (docs/results.md §9).
     budget
         Per job, the expected extra machine time allowed, as a share of the job's expected work: a
@@ -180,7 +181,7 @@ class Speculate(MitigationPolicy):
         plan = self.plan(job, at)
         for task_id in plan.tasks:
             running = job.running[task_id]
-            job.races[task_id] = _Race(running.attempt, running.attempt + 1, at, at)
+            job.races[task_id] = _Race(running.attempt, running.attempt + 1, at)
             job.copied.add(task_id)
             reason = (
                 f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
