@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -580,7 +581,7 @@ def test_bad_records_go_to_dead_letters_and_the_rest_is_unchanged(
     stream.start("j", 2)
     stream.checkpoint("j", 300.0, {"a": (True, 900.0, 250.0), "b": (False, 300.0, 250.0)})
     stream.checkpoint("j", 600.0, {"b": (True, 1200.0, 550.0)})
-    future = encode(stream.events[2]).replace(b'"schema_version":1', b'"schema_version":99')
+    future = re.sub(rb'"schema_version":\d+', b'"schema_version":99', encode(stream.events[2]))
     assert future != encode(stream.events[2])
     produce_stream(kafka_bootstrap, topics, stream)
     bad = produce(
