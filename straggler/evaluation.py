@@ -2,8 +2,11 @@
 
 For every job and method the evaluator feeds the job's task events, checkpoint by checkpoint, into
 the same `OnlineJob` the Faust agent holds, records when each task was flagged, and scores the flags
-against the job's true p90 stragglers. Completion-time effects are simulated afterwards with the
-shared scheduling code. Jobs run in parallel processes; each method sees the same events.
+against the job's true p90 stragglers. Mitigation runs in the closed loop: per policy, the method's
+verdicts drive the policy and the simulated cluster carries out its commands (`straggler.simulation`,
+the stream replay's own), beside the limit on the same job and draws. The paper's open-loop relaunch
+figures (`straggler.core.scheduling`) are kept for reproduction. Jobs run in parallel processes;
+each method sees the same events.
 """
 
 from __future__ import annotations
