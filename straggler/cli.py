@@ -46,7 +46,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         seed=args.seed,
         refit_growth=args.refit_growth,
         policies=policies,
-        checkpoint_seconds=getattr(args, "checkpoint_seconds", None) or 300.0,
+        checkpoint_seconds=args.checkpoint_seconds or 300.0,
     )
     try:
         results = evaluate(traces, config, workers=args.workers)

@@ -24,14 +24,14 @@ a policy is what all attempts used beyond the trace's own runs (negative when co
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from schemas import command_id
 from straggler.core.jobstate import JobState
-from straggler.core.online import Decision, OnlineJob
+from straggler.core.online import OnlineJob
 from straggler.core.policies import Action, MitigationPolicy
 from straggler.core.scheduling import relaunch_latencies
 from straggler.core.threshold import oracle_threshold
@@ -78,6 +78,8 @@ class JobSimulation:
         self.copy_end: FloatArray = np.full(n, np.nan)
         self.loser_stop: FloatArray = np.full(n, np.nan)
         """When the losing attempt of a race was killed (NaN: not yet, it runs to its own end)."""
+        self.copy_won: BoolArray = np.zeros(n, dtype=bool)
+        """The task's race was won by its copy (decided when the copy starts: both ends are drawn)."""
         self._draws: FloatArray | None = None
 
     def running_at(self, t: float) -> BoolArray:
@@ -105,14 +107,9 @@ class JobSimulation:
     def copied(self, i: int) -> bool:
         return bool(np.isfinite(self.copy_start[i]))
 
-    def copy_won(self, i: int) -> bool:
-        return (
-            self.copied(i) and bool(self.copy_end[i] == self.end[i]) and self.copy_end[i] != self.own_end[i]
-        )
-
     def finish_of(self, i: int) -> tuple[int, float]:
         """(attempt, start) of the attempt whose end is task ``i``'s end."""
-        if self.copy_won(i):
+        if self.copy_won[i]:
             return int(self.attempt[i]) + 1, float(self.copy_start[i])
         return int(self.attempt[i]), float(self.start[i])
 
@@ -120,7 +117,7 @@ class JobSimulation:
         """The attempt that lost task ``i``'s race, or None if it has no copy."""
         if not self.copied(i):
             return None
-        return int(self.attempt[i]) if self.copy_won(i) else int(self.attempt[i]) + 1
+        return int(self.attempt[i]) if self.copy_won[i] else int(self.attempt[i]) + 1
 
     def finish_features(self, i: int) -> FloatArray:
         """The features a finish event carries: the trace's own, unless the task's end was changed."""
@@ -181,6 +178,7 @@ class JobSimulation:
                 # the copy wins: it ends first, or the original fails (or never ends) before it
                 self.end[i] = new_end
                 self.finished[i] = True
+                self.copy_won[i] = True
             else:
                 self.rerun[i] = False  # the original wins: its own finish, features and latency
             self.frozen[i] = False  # the original keeps reporting with its own features
@@ -220,7 +218,7 @@ class JobSimulation:
         """Machine time each task's attempts used, seconds (NaN where the task never ends)."""
         used = self.spent + (self.end - self.start)
         for i in np.flatnonzero(np.isfinite(self.copy_start)).tolist():
-            copy_won = self.copy_won(i)
+            copy_won = bool(self.copy_won[i])
             natural = self.own_end[i] if copy_won else self.copy_end[i]
             if not math.isfinite(natural):
                 natural = float(np.nanmax(self.end))
@@ -295,13 +293,13 @@ class JobOutcome:
 
 @dataclass
 class ClosedLoopRun:
-    """An offline closed-loop run of one job: what the method decided and the commands it caused."""
+    """An offline closed-loop run of one job: its outcome and the commands the policy issued."""
 
     outcome: JobOutcome
-    decisions: list[list[Decision]] = field(default_factory=list)
-    commands: list[Action] = field(default_factory=list)
+    commands: list[Action]
     """Every distinct command the policy issued, in order (applied or not)."""
-    ignored: dict[str, int] = field(default_factory=dict)
+    ignored: dict[str, int]
+    """Why commands were not carried out, with counts."""
 
 
 def observe_step(state: JobState, sim: JobSimulation, step: CheckpointStep) -> None:
@@ -309,10 +307,10 @@ def observe_step(state: JobState, sim: JobSimulation, step: CheckpointStep) -> N
     finishes (by end time), other ends, then the running tasks' snapshots."""
     _, t, finished, gone, running, features = step
     ids = sim.trace.task_ids
-    for i in finished[np.argsort(sim.end[finished], kind="stable")].tolist():
+    for i in finish_order(sim, finished):
         attempt, start = sim.finish_of(i)
         state.observe_finished(ids[i], sim.finish_features(i), sim.end[i] - start, sim.end[i], attempt)
-    for i in gone[np.argsort(sim.end[gone], kind="stable")].tolist():
+    for i in finish_order(sim, gone):
         state.observe_gone(ids[i], sim.end[i], int(sim.attempt[i]))
     for row, i in enumerate(running.tolist()):
         state.observe_running(ids[i], features[row], sim.start[i], t, int(sim.attempt[i]))
@@ -358,14 +356,14 @@ def run_closed_loop(
     With ``carry_out=False`` the commands are recorded but the cluster ignores them: what an open-loop
     replay of the trace makes the pipeline issue."""
     sim = JobSimulation(trace, seed)
-    run = ClosedLoopRun(sim.outcome())
+    commands: list[Action] = []
+    ignored: dict[str, int] = {}
     issued: set[str] = set()
     job_id = trace.job_id
     for step in steps(sim, interval):
         _, t, finished, gone, _, _ = step
         observe_step(job.state, sim, step)
         decisions = job.checkpoint(t)
-        run.decisions.append(decisions)
         for i in finish_order(sim, finished):  # in the stream's order: the finishes, then other ends
             attempt, start = sim.finish_of(i)
             policy.on_task_finished(
@@ -378,15 +376,34 @@ def run_closed_loop(
             if identity in issued:
                 continue
             issued.add(identity)
-            run.commands.append(action)
+            commands.append(action)
             if not carry_out:
                 continue
             reason = sim.apply(action.task_id, action.action, t, action.attempt)
             if reason is not None:
-                run.ignored[reason] = run.ignored.get(reason, 0) + 1
+                ignored[reason] = ignored.get(reason, 0) + 1
     policy.on_job_ended(job_id)
-    run.outcome = sim.outcome()
-    return run
+    return ClosedLoopRun(sim.outcome(), commands, ignored)
+
+
+Chooser = Callable[[JobSimulation, float, IntArray], BoolArray]
+"""Given the simulation, the instant and the running tasks: which of them to copy now."""
+
+
+def copy_when(trace: JobTrace, seed: int, interval: float, choose: Chooser) -> JobOutcome:
+    """Run ``trace`` with a copy of each running task ``choose`` picks (once per task), and each race's
+    loser killed at the first checkpoint at or after the winner's finish: reference rules that may
+    use future information (evaluation only)."""
+    sim = JobSimulation(trace, seed)
+    for _, t, finished, _, running, _ in steps(sim, interval):
+        for i in finished.tolist():
+            loser = sim.loser_attempt(i)
+            if loser is not None:
+                sim.apply(trace.task_ids[i], "kill", t, loser)
+        fresh = np.array([not sim.copied(i) for i in running.tolist()], dtype=bool)
+        for i in running[fresh & choose(sim, t, running)].tolist():
+            sim.apply(trace.task_ids[i], "duplicate", t, int(sim.attempt[i]))
+    return sim.outcome()
 
 
 def limit_outcome(trace: JobTrace, seed: int, interval: float, quantile: float = 0.9) -> JobOutcome:
@@ -394,16 +411,7 @@ def limit_outcome(trace: JobTrace, seed: int, interval: float, quantile: float =
     checkpoint it is running, the losers killed at the checkpoint after each race (future information:
     evaluation only)."""
     scored = trace.scored
-    sim = JobSimulation(trace, seed)
     if not scored.any():
-        return sim.outcome()
+        return JobSimulation(trace, seed).outcome()
     straggler = scored & (trace.latency >= oracle_threshold(trace.latency[scored], quantile))
-    for _, t, finished, _, running, _ in steps(sim, interval):
-        for i in finished.tolist():
-            loser = sim.loser_attempt(i)
-            if loser is not None:
-                sim.apply(trace.task_ids[i], "kill", t, loser)
-        for i in running[straggler[running]].tolist():
-            if not sim.copied(i):
-                sim.apply(trace.task_ids[i], "duplicate", t, int(sim.attempt[i]))
-    return sim.outcome()
+    return copy_when(trace, seed, interval, lambda sim, t, running: straggler[running])

@@ -27,7 +27,7 @@ import argparse
 import json
 import multiprocessing
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -40,38 +40,23 @@ from straggler.core.speculation import Speculate
 from straggler.core.threshold import oracle_threshold
 from straggler.evaluation import EvaluationConfig, online_job
 from straggler.simulation import (
-    JobOutcome,
+    Chooser,
     JobSimulation,
     checkpoint_interval,
+    copy_when,
     limit_outcome,
     run_closed_loop,
-    steps,
 )
-from straggler.traces.jobtrace import BoolArray, JobTrace
+from straggler.traces.jobtrace import BoolArray, IntArray, JobTrace
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
-
-Chooser = Callable[[JobTrace, JobSimulation, float, np.ndarray], BoolArray]
-"""Given the job, the simulation, the instant and the running tasks: which of them to copy now."""
 
 ELAPSED_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 SPECULATE_SETTINGS = ((2.0, 1.0), (4.0, 1.0), (8.0, 1.0), (16.0, 1.0), (4.0, 0.1), (8.0, 0.1), (4.0, 0.03))
 
 
-def copy_run(trace: JobTrace, interval: float, choose: Chooser) -> JobOutcome:
-    sim = JobSimulation(trace, 0)
-    for _, t, finished, _, running, _ in steps(sim, interval):
-        for i in finished.tolist():
-            loser = sim.loser_attempt(i)
-            if loser is not None:
-                sim.apply(trace.task_ids[i], "kill", t, loser)
-        fresh = np.array([not sim.copied(i) for i in running.tolist()], dtype=bool)
-        for i in running[fresh & choose(trace, sim, t, running)].tolist():
-            sim.apply(trace.task_ids[i], "duplicate", t, int(sim.attempt[i]))
-    return sim.outcome()
-
-
 def at_elapsed(x: float, stragglers_only: bool) -> Chooser:
-    def choose(trace: JobTrace, sim: JobSimulation, t: float, running: np.ndarray) -> BoolArray:
+    def choose(sim: JobSimulation, t: float, running: IntArray) -> BoolArray:
+        trace = sim.trace
         scored = trace.scored
         p90 = oracle_threshold(trace.latency[scored])
         due = (t - sim.start[running]) >= x * p90
@@ -83,9 +68,9 @@ def at_elapsed(x: float, stragglers_only: bool) -> Chooser:
     return choose
 
 
-def spark(trace: JobTrace, sim: JobSimulation, t: float, running: np.ndarray) -> BoolArray:
+def spark(sim: JobSimulation, t: float, running: IntArray) -> BoolArray:
     done = sim.reported & sim.finished
-    if done.sum() < 0.75 * trace.expected_tasks:
+    if done.sum() < 0.75 * sim.trace.expected_tasks:
         return np.zeros(len(running), dtype=bool)
     median = float(np.median((sim.end - sim.start)[done]))
     return np.asarray((t - sim.start[running]) > 1.5 * median, dtype=bool)
@@ -122,9 +107,9 @@ def rules_on(trace: JobTrace, default_interval: float) -> dict[str, tuple[float,
     interval = checkpoint_interval(trace, default_interval)
     found = {"limit": limit_outcome(trace, 0, interval)}
     for x in ELAPSED_SHARES:
-        found[f"stragglers at {x:g} x p90"] = copy_run(trace, interval, at_elapsed(x, True))
-        found[f"all at {x:g} x p90"] = copy_run(trace, interval, at_elapsed(x, False))
-    found["spark (75 %, 1.5 x median)"] = copy_run(trace, interval, spark)
+        found[f"stragglers at {x:g} x p90"] = copy_when(trace, 0, interval, at_elapsed(x, True))
+        found[f"all at {x:g} x p90"] = copy_when(trace, 0, interval, at_elapsed(x, False))
+    found["spark (75 %, 1.5 x median)"] = copy_when(trace, 0, interval, spark)
     config = EvaluationConfig(methods=("reactive",), threshold="online")
     policies: dict[str, MitigationPolicy] = {"copy every flag": CopyEveryFlag()}
     for price, budget in SPECULATE_SETTINGS:
