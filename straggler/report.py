@@ -50,7 +50,7 @@ def mitigation_table(summary: dict[str, Any]) -> str:
                 f"| {name} | {policy} | {m['jct_reduction']:+.2%} | {m['extra_machine_time']:+.2%} "
                 f"| {_fmt(share)} | {m['jobs_longer']} |"
             )
-    limit = next(iter(summary["mitigation_limit"].values()), None)
+    limit = _limit_row(summary)
     if limit is not None:
         lines.append(
             f"| *limit* | copy every true straggler at its first checkpoint | {limit['jct_reduction']:+.2%} "
@@ -74,9 +74,9 @@ def plot_mitigation(summary: dict[str, Any], path: Path) -> None:
                 marker=markers[policies.index(policy) % len(markers)],
                 label=f"{name} / {policy}",
             )
-    limit = next(iter(summary["mitigation_limit"].values()), None)
+    limit = _limit(summary)
     if limit is not None:
-        ax.axhline(100 * limit["jct_reduction"], color="black", linestyle="--", label="limit")
+        ax.axhline(100 * limit, color="black", linestyle="--", label="limit")
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("extra machine time (% of the jobs' work)")
     ax.set_ylabel("completion-time reduction (%)")
@@ -88,10 +88,16 @@ def plot_mitigation(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _limit(summary: dict[str, Any]) -> float | None:
-    """The completion-time reduction of the limit on the summary's jobs (None for older summaries)."""
+def _limit_row(summary: dict[str, Any]) -> dict[str, float] | None:
+    """The limit on the summary's jobs (the same for every policy; None for older summaries)."""
     limits = summary.get("mitigation_limit")
-    return next(iter(limits.values()))["jct_reduction"] if limits else None
+    return next(iter(limits.values())) if limits else None
+
+
+def _limit(summary: dict[str, Any]) -> float | None:
+    """The completion-time reduction of the limit on the summary's jobs."""
+    row = _limit_row(summary)
+    return None if row is None else row["jct_reduction"]
 
 
 def _colours(names: list[str]) -> dict[str, Any]:
