@@ -8,8 +8,8 @@ from typing import Literal
 
 from straggler.traces.jobtrace import JobTrace
 
-TraceFormat = Literal["google-2011", "google-2011-usage", "synthetic"]
-FORMATS: tuple[TraceFormat, ...] = ("google-2011", "google-2011-usage", "synthetic")
+TraceFormat = Literal["google-2011", "google-2011-usage", "alibaba-2018", "synthetic"]
+FORMATS: tuple[TraceFormat, ...] = ("google-2011", "google-2011-usage", "alibaba-2018", "synthetic")
 
 
 def load_traces(
@@ -56,6 +56,20 @@ def load_traces(
                 progress=progress,
             )
         )
+    if fmt == "alibaba-2018":
+        from straggler.traces.alibaba2018 import load_alibaba2018
+
+        if trace is None:
+            raise ValueError("--trace DIR is required for alibaba-2018")
+        return list(
+            load_alibaba2018(
+                trace,
+                checkpoint_seconds=checkpoint_seconds or 60.0,
+                min_tasks=min_tasks,
+                max_jobs=max_jobs,
+                progress=progress,
+            )
+        )
     if fmt == "synthetic":
         from straggler.traces.synthetic import generate_jobs
 
@@ -78,7 +92,10 @@ def add_trace_arguments(parser: argparse.ArgumentParser, *, evaluation: bool = F
         "--min-tasks", type=int, default=100, help="jobs with fewer finished tasks are left out"
     )
     parser.add_argument(
-        "--checkpoint-seconds", type=float, default=None, help="default 300 (Google) / 60 (synthetic)"
+        "--checkpoint-seconds",
+        type=float,
+        default=None,
+        help="default 300 (Google) / 60 (alibaba-2018, synthetic)",
     )
     if not evaluation:
         return
