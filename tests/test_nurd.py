@@ -5,7 +5,15 @@ import pytest
 from jobs_for_tests import make_job
 
 from straggler.core.method import CheckpointData
-from straggler.core.nurd import PRESETS, Nurd, centroid_calibration, make_nurd, mostly_right
+from straggler.core.nurd import (
+    PRESETS,
+    Nurd,
+    _judged,
+    _Ranking,
+    centroid_calibration,
+    make_nurd,
+    mostly_right,
+)
 from straggler.core.online import OnlineJob
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times, observe_interval
 from straggler.traces.jobtrace import JobTrace
@@ -153,7 +161,7 @@ def _fits_and_final_method(
 def test_warm_nurd_fits_one_regressor_per_refit_once_it_has_a_past(monkeypatch: pytest.MonkeyPatch) -> None:
     """What makes nurd-warm cheap: the backtest and the skill reuse the job's previous fits."""
     trace = make_job(1200, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
-    cold_built, cold_refits, _ = _fits_and_final_method(trace, "nurd", monkeypatch)
+    cold_built, cold_refits, _ = _fits_and_final_method(trace, "nurd-backtest", monkeypatch)
     warm_built, warm_refits, warm = _fits_and_final_method(trace, "nurd-warm", monkeypatch)
     assert warm_refits == cold_refits > 5
     assert cold_built > 4 * cold_refits  # regressor, 3 skill folds, and the backtest's probes
@@ -174,3 +182,60 @@ def test_a_warm_start_without_history_is_refused() -> None:
     """``history=0`` would slice ``[-0:]``, i.e. keep every past fit: refuse it instead."""
     with pytest.raises(ValueError, match="history"):
         make_nurd("nurd-warm", history=0).fit(_checkpoint())
+
+
+def test_a_recorded_ranking_is_judged_only_once_its_outcome_is_known_whatever_it_is() -> None:
+    """`_judged` keeps a run recorded at a past fit only when it started at least a threshold ago (so
+    stragglers and quick finishers are both resolved) and it is still the same run (same start)."""
+    ranking = _Ranking(
+        ids=("quick", "slow", "young", "restarted", "flagged", "gone"),
+        start=np.array([0.0, 0.0, 60.0, 0.0, 10.0, 0.0]),
+        percentile=np.array([0.1, 0.9, 0.5, 0.7, 0.8, 0.3]),
+        prior_logit=np.zeros(6),
+        shadow=np.array([0.2, 0.9, 0.5, 0.6, 0.8, np.nan]),
+    )
+    data = CheckpointData(
+        X_finished=np.zeros((1, 1)),
+        latency_finished=np.array([30.0]),
+        X_running=np.zeros((3, 1)),
+        elapsed_running=np.array([100.0, 40.0, 50.0]),
+        threshold=50.0,
+        expected_tasks=10,
+        at=100.0,
+        finish_time=np.array([30.0]),
+        start_running=np.array([0.0, 60.0, 50.0]),
+        running_ids=("slow", "young", "restarted"),
+        finished_ids=("quick",),
+        flagged_ids=("flagged",),
+        flagged_start=np.array([10.0]),
+    )
+    rows = _judged([ranking], data)
+    # quick finished under the threshold: judged 0; slow has run 100 >= 50: judged 1; young started
+    # 40 s ago: not yet; restarted is another run; flagged has run 90 >= 50: 1; gone is unknown.
+    np.testing.assert_array_equal(rows[:, 1], [0.1, 0.9, 0.8])
+    np.testing.assert_array_equal(rows[:, 3], [0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(rows[:, 2], [0.2, 0.9, 0.8])
+
+
+def test_a_calibrator_acts_only_once_the_flags_of_its_predecessors_proved_mostly_right() -> None:
+    """The percentile is significant long before NURD acts on it: a candidate calibrator first
+    predicts in the shadow, and only when those shadow flags were judged mostly right does it flag."""
+    trace = make_job(1200, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
+    method = make_nurd("nurd")
+    job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
+    history = []
+    for _k, t, finished, gone, running, features in trace.checkpoint_events():
+        observe_interval(job.state, trace, t, finished, gone, running, features)
+        version = job.model_version
+        decisions = job.checkpoint(t)
+        if job.model_version != version:
+            history.append((dict(method.calibration_), method.calibrator_ is not None))
+        ranked = [d for d in decisions if d.is_straggler and d.adjusted_latency < d.threshold]
+        assert not ranked or method.calibrator_ is not None  # (the regressor may flag on its own)
+        assert all(0.0 <= d.straggle_probability <= 1.0 for d in decisions)
+    acting = [i for i, (_, admitted) in enumerate(history) if admitted]
+    assert acting, "the slow machine group is visible: the calibrator must end up acting"
+    first = acting[0]
+    candidates_before = [i for i, (c, _) in enumerate(history[:first]) if c["p_value"] < method.significance]
+    assert candidates_before, "a candidate predicted in the shadow before the first acting calibrator"
+    assert history[first][0]["shadow_right"] > history[first][0]["shadow_wrong"]

@@ -50,6 +50,14 @@ class CheckpointData:
     """(n_finished,) when each finished task finished: lets a method rewind to an earlier checkpoint."""
     start_running: FloatArray | None = None
     """(n_running,) when each running task started."""
+    running_ids: tuple[str, ...] | None = None
+    """Ids of the running tasks (lets a method follow a task across checkpoints)."""
+    finished_ids: tuple[str, ...] | None = None
+    """Ids of the finished tasks."""
+    flagged_ids: tuple[str, ...] = ()
+    """Ids of the running tasks flagged earlier (no longer under evaluation, so not in X_running)."""
+    flagged_start: FloatArray | None = None
+    """When each of ``flagged_ids`` started."""
 
     @property
     def n_finished(self) -> int:
@@ -66,7 +74,10 @@ class Scores:
 
     Latency methods fill ``latency`` (their raw prediction) and ``adjusted`` (what is compared with the
     threshold); classifiers and detectors leave both NaN and set ``is_straggler`` directly.
-    ``propensity`` and ``weight`` are NURD's z and w (NaN for methods without them).
+    ``propensity`` and ``weight`` are NURD's z and w (NaN for methods without them); ``probability``
+    is P(latency >= threshold) where a method estimates it (NaN otherwise), what a mitigation policy
+    prices a copy with. A latency method may flag a task whose adjusted latency is under the
+    threshold (``is_straggler``), when its probability says so.
     """
 
     is_straggler: BoolArray
@@ -74,6 +85,7 @@ class Scores:
     adjusted: FloatArray
     propensity: FloatArray
     weight: FloatArray
+    probability: FloatArray
 
     @classmethod
     def from_latency(
@@ -83,15 +95,22 @@ class Scores:
         threshold: float,
         propensity: FloatArray | None = None,
         weight: FloatArray | None = None,
+        probability: FloatArray | None = None,
+        flag: BoolArray | None = None,
     ) -> Scores:
+        """``flag``: tasks flagged besides those whose adjusted latency reaches the threshold."""
         n = len(latency)
         nan = np.full(n, np.nan)
+        is_straggler = np.asarray(adjusted >= threshold, dtype=bool)
+        if flag is not None:
+            is_straggler = is_straggler | np.asarray(flag, dtype=bool)
         return cls(
-            is_straggler=np.asarray(adjusted >= threshold, dtype=bool),
+            is_straggler=is_straggler,
             latency=np.asarray(latency, dtype=np.float64),
             adjusted=np.asarray(adjusted, dtype=np.float64),
             propensity=nan if propensity is None else np.asarray(propensity, dtype=np.float64),
             weight=nan if weight is None else np.asarray(weight, dtype=np.float64),
+            probability=nan if probability is None else np.asarray(probability, dtype=np.float64),
         )
 
     @classmethod
@@ -104,6 +123,7 @@ class Scores:
             adjusted=nan,
             propensity=nan if score is None else np.asarray(score, dtype=np.float64),
             weight=nan,
+            probability=nan,
         )
 
 

@@ -6,35 +6,28 @@ Per checkpoint of a running job:
 2. a propensity model z = P(finished | x) (logistic regression), finished vs running;
 3. a weight w in (0, 1] per running task; adjusted latency = h(x) / w; straggler if >= threshold.
 
-One class, four presets (see `PRESETS`):
+One class, several presets (see `PRESETS`):
 
 ``nurd-paper``  the paper taken literally: w = max(eps, min(z + delta, 1)), delta = 1/(1+rho) - alpha,
                 rho = ||c_fin||^2 / ||c_run - c_fin||^2 from the raw feature centroids, computed once
                 per job at the first prediction checkpoint (Algorithm 1, lines 4-6).
 ``nurd-nc``     the same code with calibration off: w = max(eps, min(z, 1)).
 ``gbtr``        the same regressor with no reweighting: w = 1.
-``nurd``        the variant this project ships. Measured failures of the literal formula drive each
-                change (docs/results.md has the numbers):
-                - with 4 % of a job finished, an unbalanced propensity is ~n_fin/n for every running
-                  task, so w sits at eps and every prediction is inflated ~20x (FPR 0.90 on synthetic
-                  telemetry, 0.10-0.43 on the real trace). The
-                  propensity is fitted class-balanced and turned into a density ratio
-                  r = z / (1 - z) ~= p(x | finished) / p(x | running): ~1 for a running task that looks
-                  like the finished ones, whatever the class sizes.
-                - the centroid calibration depends on the origin and scale of the features. It is
-                  replaced by a per-job calibration of the weight's strength: w = max(eps, min(r, 1))**s,
-                  with s chosen by backtesting on the job's own past (`_backtest_strength`): rewind to
-                  earlier checkpoints, refit, and keep the s that would have flagged best, admitting
-                  s > 0 only when the extra flags it raises were mostly right. Where the features carry
-                  no signal, s = 0 and nothing is inflated. The strength is re-chosen at every refit
-                  (the paper calibrates once), because evidence only exists once some stragglers are
-                  confirmed.
-                - the regressor is fitted on log latency (latencies are heavy-tailed) and shrunk toward
-                  the finished tasks' mean by its out-of-fold skill (R^2 in [0, 1]), so a model that
-                  explains nothing cannot push predictions over the threshold by noise.
-                With no signal NURD thus reduces to the elapsed-time floor the job driver applies: the
-                reactive rule.
-``nurd-warm``   ``nurd`` that learns from its own past fits instead of refitting copies of itself
+``nurd``        the variant this project ships (docs/results.md §10 has the measurements behind it):
+                - the regressor on log latency, shrunk toward the finished mean by its out-of-fold
+                  skill; the propensity fitted class-balanced, read as a density ratio
+                  r = z / (1 - z) ~ p(x | finished) / p(x | running) (the literal w = z + delta sits
+                  at eps early in a job and inflates every prediction);
+                - the paper's adjusted latency h(x) / w(x) (w = min(r, 1)) is used as a *ranking* of the
+                  running tasks, and the calibration is per job and learned from the job's own past:
+                  P(straggler | survival prior, percentile) by logistic regression on the tasks ranked
+                  at earlier fits whose outcome is known now (`_calibrate_ranking`). A regressor trained
+                  on finished tasks cannot predict past their longest latency; a ranking can;
+                - it flags a task when that probability reaches ``flag_probability``, and only after
+                  the percentile passed a likelihood-ratio test and the flags earlier candidates would
+                  have raised proved mostly right. With no signal it is the reactive rule.
+``nurd-backtest`` the previous ``nurd``: strength of the density weight chosen by backtests.
+``nurd-warm``   ``nurd-backtest`` that learns from its own past fits instead of refitting copies of itself
                 (``warm_start=True``): the backtest judges the job's previous models at the moments
                 they were fitted, and the skill is how well the previous models predicted the tasks
                 that finished after them (prequential R^2). One XGBoost fit per refit instead of about
@@ -45,19 +38,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 import numpy as np
 import xgboost as xgb
+from scipy.special import expit, logit
 from scipy.stats import beta as beta_distribution
+from scipy.stats import chi2, rankdata
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
 from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
+from straggler.core.survival import LatencySurvival
 
 Weighting = Literal["none", "paper", "nc", "density"]
-Gate = Literal["none", "skill", "backtest"]
+Gate = Literal["none", "skill", "backtest", "calibrated"]
 STRENGTHS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 """Candidate strengths of the density weight; the backtest picks one per job and refit."""
 
@@ -106,6 +103,10 @@ class Nurd(StragglerMethod):
         evidence: float = 0.85,
         warm_start: bool = False,
         history: int = 3,
+        significance: float = 1e-3,
+        min_stragglers: int = 5,
+        flag_probability: float = 0.7,
+        max_scored: int = 400,
         n_threads: int = 1,
         random_state: int = 0,
     ) -> None:
@@ -122,6 +123,10 @@ class Nurd(StragglerMethod):
         self.evidence = evidence
         self.warm_start = warm_start
         self.history = history
+        self.significance = significance
+        self.min_stragglers = min_stragglers
+        self.flag_probability = flag_probability
+        self.max_scored = max_scored
         self.n_threads = n_threads
         self.random_state = random_state
 
@@ -224,6 +229,9 @@ class Nurd(StragglerMethod):
         self.strength_ = self.skill_ if self.gate == "skill" else 1.0
         if self.gate == "backtest" and self.weighting == "density":
             self.strength_ = self._backtest_strength(data, past, observed)
+        if self.gate == "calibrated":
+            self.strength_ = 0.0
+            self._calibrate_ranking(data)
         if self.warm_start and data.at is not None:
             self.fitted_at_ = float(data.at)
             snapshot: Nurd = copy.copy(self)
@@ -315,6 +323,88 @@ class Nurd(StragglerMethod):
                 best, best_f1 = strength, float(f1)
         return best
 
+    # -- the calibrated ranking (gate "calibrated") ------------------------------------------------
+    def _ranking(self, X: FloatArray) -> FloatArray:
+        """Percentile (near 0: fastest, near 1: slowest) of each running task by NURD's adjusted
+        latency at full strength, log h(x) - log w(x): the regressor's guess, lifted where the task is
+        unlike the finished ones. A rank, so it means the same before and after a refit."""
+        if len(X) == 0:
+            return np.zeros(0)
+        regressor = self.regressor_
+        guess = regressor.predict(X).astype(np.float64) if regressor is not None else np.zeros(len(X))
+        log_h = guess if self.log_target else np.log(np.maximum(guess, 1e-3))
+        score = log_h - np.log(np.clip(self._density_ratio(X), self.eps, 1.0))
+        return (rankdata(score) - 0.5) / len(score)
+
+    @staticmethod
+    def _prior(data: CheckpointData) -> FloatArray:
+        """P(latency >= threshold | latency >= elapsed) of each running task, from the job's survival
+        curve alone (finished tasks are events, running ones censored)."""
+        survival = LatencySurvival(data.latency_finished, data.elapsed_running)
+        reach = survival.sf(np.array([data.threshold]))[0]
+        return np.clip(reach / np.maximum(survival.sf(data.elapsed_running), 1e-12), 1e-4, 1.0 - 1e-4)
+
+    def _calibrate_ranking(self, data: CheckpointData) -> None:
+        """Learn P(straggler | prior, percentile) from this job's own past rankings whose outcome is
+        known now; keep it only if the percentile adds significant evidence to the prior.
+
+        At every fit the running tasks' percentiles and survival priors are recorded (at most
+        ``max_scored`` of them). A recorded run is judged once it started at least ``threshold`` ago:
+        by then whether it straggles is known whatever its outcome, so the judged set is not biased
+        toward quick finishers. A logistic regression of the outcome on (logit prior, percentile) is
+        kept when a likelihood-ratio test against the prior alone rejects at ``significance``, with at
+        least ``min_stragglers`` stragglers and as many non-stragglers judged.
+        """
+        self.calibrator_: tuple[float, float, float] | None = None
+        self.calibration_: dict[str, float] = {"judged": 0, "stragglers": 0, "p_value": 1.0}
+        past: list[_Ranking] = list(getattr(self, "rankings_", []))
+        self.rankings_ = past
+        if data.at is None or data.running_ids is None or data.start_running is None:
+            return
+        candidate = self._candidate_calibrator(_judged(past, data))
+        if data.n_running and data.n_finished:
+            keep = np.arange(data.n_running)
+            if len(keep) > self.max_scored:
+                rng = np.random.default_rng([self.random_state, len(past)])
+                keep = np.sort(rng.choice(keep, self.max_scored, replace=False))
+            percentile = self._ranking(self.scaler_.transform(data.X_running))[keep]
+            prior_logit = logit(self._prior(data)[keep])
+            shadow = np.full(len(keep), np.nan)
+            if candidate is not None:
+                a, b, c = candidate
+                shadow = expit(a + b * prior_logit + c * percentile)
+            ids = tuple(data.running_ids[i] for i in keep)
+            past.append(_Ranking(ids, data.start_running[keep], percentile, prior_logit, shadow))
+        self.calibrator_ = candidate if self.calibration_["validated"] else None
+
+    def _candidate_calibrator(self, table: FloatArray) -> tuple[float, float, float] | None:
+        """The calibrator the judged rows support, if any; sets ``calibration_``, whose ``validated``
+        says whether the flags earlier candidates would have raised were mostly right (`mostly_right`
+        at confidence ``evidence``): a calibrator acts only once its predecessors were proven right."""
+        y = table[:, 3]
+        n_pos = int(y.sum())
+        would_flag = table[:, 2] >= self.flag_probability  # NaN (no candidate then) compares False
+        right, wrong = int(np.sum(would_flag & (y == 1))), int(np.sum(would_flag & (y == 0)))
+        self.calibration_ = {
+            "judged": len(y),
+            "stragglers": n_pos,
+            "p_value": 1.0,
+            "shadow_right": right,
+            "shadow_wrong": wrong,
+            "validated": float(mostly_right(right, wrong, self.evidence)),
+        }
+        if n_pos < self.min_stragglers or len(y) - n_pos < self.min_stragglers:
+            return None
+        X = table[:, :2]
+        prior_only = LogisticRegression(C=1e4, max_iter=500).fit(X[:, :1], y)
+        both = LogisticRegression(C=1e4, max_iter=500).fit(X, y)
+        gain = _log_likelihood(both, X, y) - _log_likelihood(prior_only, X[:, :1], y)
+        p_value = float(chi2.sf(2.0 * max(gain, 0.0), df=1))
+        self.calibration_["p_value"] = p_value
+        if p_value < self.significance and both.coef_[0, 1] > 0:
+            return float(both.intercept_[0]), float(both.coef_[0, 0]), float(both.coef_[0, 1])
+        return None
+
     def _raw_latency(self, X: FloatArray) -> FloatArray:
         if self.regressor_ is None:
             pred = np.full(len(X), self.mean_target_)
@@ -350,7 +440,16 @@ class Nurd(StragglerMethod):
         latency = self._raw_latency(X)
         z = self.propensity_.predict_proba(X)[:, 1] if self.propensity_ is not None else np.ones(len(X))
         weight = self._weight(z)
-        return Scores.from_latency(latency, latency / weight, data.threshold, z, weight)
+        if self.gate != "calibrated" or data.n_finished == 0:
+            return Scores.from_latency(latency, latency / weight, data.threshold, z, weight)
+        prior = self._prior(data)
+        calibrator = getattr(self, "calibrator_", None)
+        if calibrator is None:
+            return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, prior)
+        a, b, c = calibrator
+        probability = expit(a + b * logit(prior) + c * self._ranking(X))
+        flag = probability >= self.flag_probability
+        return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, probability, flag)
 
     def diagnostics(self) -> dict[str, Any]:
         """Learned quantities worth logging with a model version."""
@@ -358,11 +457,58 @@ class Nurd(StragglerMethod):
             "delta": getattr(self, "delta_", None),
             "skill": getattr(self, "skill_", None),
             "strength": getattr(self, "strength_", None),
+            "calibration": getattr(self, "calibration_", None),
+            "calibrator": getattr(self, "calibrator_", None),
         }
 
 
+@dataclass(frozen=True)
+class _Ranking:
+    """The running tasks NURD ranked at one fit: ids, starts, percentiles and logit priors."""
+
+    ids: tuple[str, ...]
+    start: FloatArray
+    percentile: FloatArray
+    prior_logit: FloatArray
+    shadow: FloatArray
+    """The probability the candidate calibrator of that fit gave (NaN: none), to judge it later."""
+
+
+def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
+    """Rows (logit prior, percentile, shadow probability, straggled) of the recorded rankings judged at
+    ``data``: the same
+    run (same start) of a task that started at least ``threshold`` before ``data.at``."""
+    assert data.at is not None and data.running_ids is not None and data.start_running is not None
+    now, threshold = float(data.at), data.threshold
+    known: dict[str, tuple[float, bool]] = {}
+    if data.finished_ids is not None and data.finish_time is not None:
+        starts = data.finish_time - data.latency_finished
+        for task, start, latency in zip(data.finished_ids, starts, data.latency_finished, strict=True):
+            known[task] = (float(start), bool(latency >= threshold))
+    running_starts = np.r_[data.start_running, data.flagged_start if data.flagged_start is not None else []]
+    for task, start in zip((*data.running_ids, *data.flagged_ids), running_starts, strict=True):
+        known[task] = (float(start), now - float(start) >= threshold)
+    rows = [
+        (prior, pct, shadow, float(outcome[1]))
+        for ranking in rankings
+        for task, start, pct, prior, shadow in zip(
+            ranking.ids, ranking.start, ranking.percentile, ranking.prior_logit, ranking.shadow, strict=True
+        )
+        if (outcome := known.get(task)) is not None
+        and abs(outcome[0] - start) <= 1e-6
+        and start + threshold <= now
+    ]
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+
+
+def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> float:
+    p = np.clip(model.predict_proba(X)[:, 1], 1e-12, 1.0 - 1e-12)
+    return float(np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
+
+
 PRESETS: dict[str, dict[str, Any]] = {
-    "nurd": {},
+    "nurd": {"gate": "calibrated"},
+    "nurd-backtest": {},
     "nurd-paper": {"weighting": "paper", "gate": "none", "log_target": False, "balanced_propensity": False},
     "nurd-nc": {"weighting": "nc", "gate": "none", "log_target": False, "balanced_propensity": False},
     "gbtr": {"weighting": "none", "gate": "none", "log_target": False},

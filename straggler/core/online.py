@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from straggler.core.jobstate import JobState
+from straggler.core.jobstate import JobState, TaskStatus
 from straggler.core.method import CheckpointData, FloatArray, StragglerMethod
 from straggler.core.threshold import online_threshold
 
@@ -44,6 +44,8 @@ class Decision:
     model_version: int
     attempt: int = 0
     """The task attempt the verdict is about (the running one)."""
+    straggle_probability: float = math.nan
+    """The method's P(latency >= threshold) for the task (NaN if it has none); 1 once elapsed reaches it."""
 
 
 class OnlineJob:
@@ -98,6 +100,7 @@ class OnlineJob:
         if not ids or not math.isfinite(threshold):
             return []
         tasks = self.state.tasks
+        flagged_ids = sorted(t for t in self.state.flagged if tasks[t].status == TaskStatus.RUNNING)
         data = CheckpointData(
             X_fin,
             y_fin,
@@ -108,6 +111,10 @@ class OnlineJob:
             at=at,
             finish_time=np.array([tasks[t].observed_at for t in finished_ids], dtype=np.float64),
             start_running=np.array([tasks[t].start for t in ids], dtype=np.float64),
+            running_ids=tuple(ids),
+            finished_ids=tuple(finished_ids),
+            flagged_ids=tuple(flagged_ids),
+            flagged_start=np.array([tasks[t].start for t in flagged_ids], dtype=np.float64),
         )
         if not self.calibrated:
             self.method.calibrate(data)
@@ -119,7 +126,7 @@ class OnlineJob:
         scores = self.method.predict(data)
         if self.method.predicts_latency:
             adjusted = np.maximum(scores.adjusted, elapsed)
-            straggles = adjusted >= threshold
+            straggles = (adjusted >= threshold) | scores.is_straggler
         else:
             adjusted = scores.adjusted
             straggles = scores.is_straggler | (elapsed >= threshold)
@@ -142,6 +149,7 @@ class OnlineJob:
                     is_straggler=flagged,
                     model_version=self.model_version,
                     attempt=tasks[task_id].attempt,
+                    straggle_probability=1.0 if elapsed[i] >= threshold else float(scores.probability[i]),
                 )
             )
         return decisions

@@ -20,6 +20,10 @@ or busy machine. Causes, and how visible each one is:
   is a base level + an AR(1) wander + busy episodes + the job's own co-located tasks; slowdown grows
   with load². *Visible while it happens*: CPI, disk I/O time, max CPU and the machine load rise
   while the machine is busy; a busy episode that starts later is invisible until it starts.
+- **Degrading machines** (machines change over time: throttling, a failing disk): a healthy machine
+  may start to run 1.5–3× slower during a job. *Visible only from the onset*: its CPI rises then.
+- **Remote input** (a share of a job's tasks read from a slow store): 1.3–2.5× more time. *Never
+  visible*: no metric of the task or its machine shows it.
 - **Failures and evictions** (Mantri's recomputes, clustered on flaky machines; Borg preemption of
   tasks on loaded machines): a task restarts in place and loses its progress. *Visible after the
   fact*: the ``failures`` / ``evictions`` counts step up at the event.
@@ -27,15 +31,15 @@ or busy machine. Causes, and how visible each one is:
   convoys, network flows the table does not record). *Never visible*: no perfect predictor exists.
 
 Telemetry. Every task reports usage windows on a global grid of ``usage_window_seconds`` (cut at its
-start and end), each with per-window noise. Features at time t are the time-weighted means of the
-windows that ended by t, plus event counts before t — computed by `straggler.traces.usage`, the same
-code that serves the Google usage table. No feature is elapsed time or progress: every usage value is a
-stationary rate or level. Simplification: a restarted task keeps its run (same slot and start), so its
-latency includes the lost work, and windows during the short restart gap report as if running.
+start and end), each with per-window noise; 5 % of windows are never reported. Features at time t are
+the time-weighted means of the reported windows that ended by t, plus event counts before t, computed
+by `straggler.traces.usage`, the same code that serves the Google usage table. No feature is elapsed
+time or progress: every usage value is a stationary rate or level. Simplification: a restarted task
+keeps its run (same slot and start), so its latency includes the lost work, and windows during the
+short restart gap report as if running.
 
-Calibration with the defaults (50 jobs, seed 0): within a job, the best single feature's Spearman
-correlation with latency is 0.21–0.56 (median 0.35; CPI, machine load, memory and read rate lead);
-the slowest task takes 4–16× the median one (p10–p90 of jobs) and p90 is ~1.7× the median.
+How hard it is, against the real trace: docs/results.md §10 (`docs/results/feature_rank.py`, the
+within-job rank correlation of each feature's first reading with latency).
 """
 
 from __future__ import annotations
@@ -101,6 +105,18 @@ class SyntheticConfig:
     """Memory footprint grows like size**exponent: how visible skew is."""
     memory_task_sigma: float = 0.3
     """Per-task memory noise unrelated to size: what hides skew."""
+
+    degrading_machines_per_hour: float = 0.01
+    """Per machine and hour, the chance that it starts to degrade (thermal throttling, a failing disk):
+    machines change over time. From the onset on it runs ``degrade_factor`` slower; CPI shows it only
+    from then on."""
+    degrade_factor: tuple[float, float] = (1.5, 3.0)
+    remote_read_probability: tuple[float, float] = (0.0, 0.06)
+    """Per job, the share of tasks whose input sits on a slow remote store: ``remote_read_factor``
+    more time that no metric of the task or its machine shows."""
+    remote_read_factor: tuple[float, float] = (1.3, 2.5)
+    window_loss: float = 0.05
+    """Share of usage windows never reported (a monitoring agent's gaps)."""
 
     slow_machine_fraction: float = 0.03
     slow_machine_factor: tuple[float, float] = (1.5, 3.0)
@@ -266,6 +282,16 @@ def _machine_loads(
     return np.clip(load, 0.0, 1.5)
 
 
+def _degradation(n_rows: int, n_cols: int, config: SyntheticConfig, rng: np.random.Generator) -> FloatArray:
+    """Per machine and load period, the slowdown of machines that start to degrade during the job."""
+    horizon_hours = n_cols * config.load_period_seconds / _HOUR
+    degrading = rng.random(n_rows) < 1.0 - np.exp(-config.degrading_machines_per_hour * horizon_hours)
+    onset = rng.integers(0, n_cols, n_rows)
+    factor = rng.uniform(*config.degrade_factor, size=n_rows)
+    after = np.arange(n_cols)[None, :] >= onset[:, None]
+    return np.where(degrading[:, None] & after, factor[:, None], 1.0)
+
+
 def _task_sizes(n: int, sigma: float, config: SyntheticConfig, rng: np.random.Generator) -> FloatArray:
     size = rng.lognormal(0.0, sigma, n)
     hot = rng.random(n) < config.hot_partition_probability
@@ -316,7 +342,8 @@ def simulate_job(
     n_cols = int(np.ceil((stagger + n_waves * median * 5.0) / period)) + 2
     colocated = config.colocation_load * (slots_per_machine - 1.0).astype(np.float64)
     load = _machine_loads(cluster.base_load[machines], colocated, n_cols, config, rng)
-    slowdown = cluster.speed[machines][:, None] * (1.0 + config.contention_strength * load**2)
+    degrade = _degradation(len(machines), n_cols, config, rng)
+    slowdown = cluster.speed[machines][:, None] * degrade * (1.0 + config.contention_strength * load**2)
     timeline = _MachineTimeline(1.0 / slowdown, load, period)
 
     # Work per task: size (skew) × jitter × tail, all fixed before the task starts.
@@ -324,7 +351,9 @@ def simulate_job(
     tail = np.ones(n_tasks)
     tailed = rng.random(n_tasks) < tail_probability
     tail[tailed] = np.minimum(1.0 + rng.pareto(config.tail_alpha, int(tailed.sum())), config.tail_cap)
-    work = median * size * rng.lognormal(0.0, config.jitter_sigma, n_tasks) * tail
+    remote = rng.random(n_tasks) < float(rng.uniform(*config.remote_read_probability))
+    hidden = np.where(remote, rng.uniform(*config.remote_read_factor, size=n_tasks), 1.0)
+    work = median * size * rng.lognormal(0.0, config.jitter_sigma, n_tasks) * tail * hidden
 
     # Task order q → slot q % n_slots, wave q // n_slots; a wave starts when the slot frees up.
     order = rng.permutation(n_tasks)
@@ -354,7 +383,7 @@ def simulate_job(
         row[tasks], start[tasks], end[tasks] = rows, begin, finish
         slot_free[slots] = finish
 
-    windows = _telemetry(row, start, end, size, timeline, cluster, machines, config, rng, t0)
+    windows = _telemetry(row, start, end, size, timeline, cluster, machines, degrade, config, rng, t0)
     return SimulatedJob(
         job_id=job_id,
         machine=machines[row].astype(np.int64),
@@ -422,6 +451,7 @@ def _telemetry(
     timeline: _MachineTimeline,
     cluster: Cluster,
     machines: IntArray,
+    degrade: FloatArray,
     config: SyntheticConfig,
     rng: np.random.Generator,
     t0: float,
@@ -454,7 +484,7 @@ def _telemetry(
             mem_job * size[task] ** config.memory_size_exponent * memory_task * noise[:, 2],
             io_job * io_task * (1.0 + load) * noise[:, 3],
             cluster.cpi[machines[r]]
-            * cluster.slow_factor[machines[r]] ** 0.7
+            * (cluster.slow_factor[machines[r]] * degrade[r, col]) ** 0.7
             * (1.0 + 0.4 * load)
             * cpi_task
             * noise[:, 4],
@@ -463,7 +493,10 @@ def _telemetry(
             np.maximum(load + rng.normal(0.0, 0.1, len(task)), 0.0),
         ]
     )
-    return UsageWindows.from_unsorted(task, win_start, win_end, values)
+    reported = rng.random(len(task)) >= config.window_loss
+    return UsageWindows.from_unsorted(
+        task[reported], win_start[reported], win_end[reported], values[reported]
+    )
 
 
 def generate_jobs(
