@@ -6,7 +6,8 @@ labelled by whether it straggles (latency >= the job's p90). An XGBoost classifi
 *other* jobs' labelled tasks (leave one job out) scores each job. No online method has those labels,
 so its precision at a given recall is what early flags can reach at best on this trace. Run:
 
-    .venv/bin/python docs/results/early_signal.py --jobs 40 --out docs/results/nurd-calibrated/early-signal.json
+    .venv/bin/python docs/results/early_signal.py --jobs 40 \
+        --out docs/results/nurd-calibrated/early-signal.json
 """
 
 from __future__ import annotations
