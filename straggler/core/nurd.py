@@ -14,8 +14,8 @@ One class, several presets (see `PRESETS`):
 ``nurd-nc``     the same code with calibration off: w = max(eps, min(z, 1)).
 ``gbtr``        the same regressor with no reweighting: w = 1.
 ``nurd``        the variant this project ships (docs/results.md §10 has the measurements behind it):
-                - the regressor on log latency, shrunk toward the finished mean by its out-of-fold
-                  skill; the propensity fitted class-balanced, read as a density ratio
+                - the regressor on log latency (unshrunk: as in ``gbtr``, h(x) >= threshold flags on
+                  its own); the propensity fitted class-balanced, read as a density ratio
                   r = z / (1 - z) ~ p(x | finished) / p(x | running) (the literal w = z + delta sits
                   at eps early in a job and inflates every prediction);
                 - the paper's adjusted latency h(x) / w(x) (w = min(r, 1)) is used as a *ranking* of the
@@ -324,16 +324,15 @@ class Nurd(StragglerMethod):
         return best
 
     # -- the calibrated ranking (gate "calibrated") ------------------------------------------------
-    def _ranking(self, X: FloatArray) -> FloatArray:
+    def _percentile(self, guess: FloatArray, ratio: FloatArray) -> FloatArray:
         """Percentile (near 0: fastest, near 1: slowest) of each running task by NURD's adjusted
-        latency at full strength, log h(x) - log w(x): the regressor's guess, lifted where the task is
-        unlike the finished ones. A rank, so it means the same before and after a refit."""
-        if len(X) == 0:
+        latency at full strength, log h(x) - log w(x), from the regressor's ``guess`` (`_guess`) and
+        the density ``ratio``: the guess, lifted where the task is unlike the finished ones. A rank,
+        so it means the same before and after a refit."""
+        if len(guess) == 0:
             return np.zeros(0)
-        regressor = self.regressor_
-        guess = regressor.predict(X).astype(np.float64) if regressor is not None else np.zeros(len(X))
         log_h = guess if self.log_target else np.log(np.maximum(guess, 1e-3))
-        score = log_h - np.log(np.clip(self._density_ratio(X), self.eps, 1.0))
+        score = log_h - np.log(np.clip(ratio, self.eps, 1.0))
         return (rankdata(score) - 0.5) / len(score)
 
     @staticmethod
@@ -367,7 +366,8 @@ class Nurd(StragglerMethod):
             if len(keep) > self.max_scored:
                 rng = np.random.default_rng([self.random_state, len(past)])
                 keep = np.sort(rng.choice(keep, self.max_scored, replace=False))
-            percentile = self._ranking(self.scaler_.transform(data.X_running))[keep]
+            X = self.scaler_.transform(data.X_running)
+            percentile = self._percentile(self._guess(X), self._density_ratio(X))[keep]
             prior_logit = logit(self._prior(data)[keep])
             shadow = np.full(len(keep), np.nan)
             if candidate is not None:
@@ -405,13 +405,18 @@ class Nurd(StragglerMethod):
             return float(both.intercept_[0]), float(both.coef_[0, 0]), float(both.coef_[0, 1])
         return None
 
-    def _raw_latency(self, X: FloatArray) -> FloatArray:
+    def _guess(self, X: FloatArray) -> FloatArray:
+        """The regressor's prediction of the target (log latency if ``log_target``), unshrunk."""
         if self.regressor_ is None:
-            pred = np.full(len(X), self.mean_target_)
-        else:
-            pred = self.regressor_.predict(X).astype(np.float64)
-            if self.gate in ("skill", "backtest"):
-                pred = self.mean_target_ + self.skill_ * (pred - self.mean_target_)
+            return np.full(len(X), self.mean_target_)
+        return self.regressor_.predict(X).astype(np.float64)
+
+    def _raw_latency(self, X: FloatArray, guess: FloatArray | None = None) -> FloatArray:
+        """Predicted latency, shrunk by the skill under the skill and backtest gates; ``guess``: the
+        `_guess` for ``X`` if already computed."""
+        pred = self._guess(X) if guess is None else guess
+        if self.regressor_ is not None and self.gate in ("skill", "backtest"):
+            pred = self.mean_target_ + self.skill_ * (pred - self.mean_target_)
         return np.exp(pred) if self.log_target else np.maximum(pred, 0.0)
 
     def _weight(self, z: FloatArray) -> FloatArray:
@@ -422,22 +427,21 @@ class Nurd(StragglerMethod):
             return np.clip(z, eps, 1.0)
         if self.weighting == "paper":
             return np.clip(z + self.delta_, eps, 1.0)
-        ratio = z / np.maximum(1.0 - z, 1e-12)
-        return np.clip(ratio, eps, 1.0) ** self.strength_
+        return np.clip(_odds(z), eps, 1.0) ** self.strength_
 
     def _density_ratio(self, X: FloatArray) -> FloatArray:
         """z / (1 - z) of a class-balanced propensity: ~ p(x | finished) / p(x | running)."""
         if self.propensity_ is None:
             return np.ones(len(X))
-        z = self.propensity_.predict_proba(X)[:, 1]
-        return z / np.maximum(1.0 - z, 1e-12)
+        return _odds(self.propensity_.predict_proba(X)[:, 1])
 
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
             empty = np.zeros(0)
             return Scores.from_latency(empty, empty, data.threshold, empty, empty)
         X = self.scaler_.transform(data.X_running)
-        latency = self._raw_latency(X)
+        guess = self._guess(X)
+        latency = self._raw_latency(X, guess)
         z = self.propensity_.predict_proba(X)[:, 1] if self.propensity_ is not None else np.ones(len(X))
         weight = self._weight(z)
         if self.gate != "calibrated" or data.n_finished == 0:
@@ -447,7 +451,8 @@ class Nurd(StragglerMethod):
         if calibrator is None:
             return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, prior)
         a, b, c = calibrator
-        probability = expit(a + b * logit(prior) + c * self._ranking(X))
+        ratio = _odds(z) if self.propensity_ is not None else np.ones(len(X))
+        probability = expit(a + b * logit(prior) + c * self._percentile(guess, ratio))
         flag = probability >= self.flag_probability
         return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, probability, flag)
 
@@ -476,8 +481,8 @@ class _Ranking:
 
 def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
     """Rows (logit prior, percentile, shadow probability, straggled) of the recorded rankings judged at
-    ``data``: the same
-    run (same start) of a task that started at least ``threshold`` before ``data.at``."""
+    ``data``: the same run (same start) of a task that started at least ``threshold`` before
+    ``data.at``."""
     assert data.at is not None and data.running_ids is not None and data.start_running is not None
     now, threshold = float(data.at), data.threshold
     known: dict[str, tuple[float, bool]] = {}
@@ -499,6 +504,11 @@ def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
         and start + threshold <= now
     ]
     return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+
+
+def _odds(z: FloatArray) -> FloatArray:
+    """z / (1 - z): a class-balanced propensity read as the density ratio p(x | finished) / p(x | running)."""
+    return z / np.maximum(1.0 - z, 1e-12)
 
 
 def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> float:
