@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from schemas import (
     CheckpointEvaluated,
@@ -89,10 +89,7 @@ def read_topic(
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
         partitions = list(metadata.topics[topic].partitions)
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-            for p in partitions
-        }
+        ends = {p: _end_offset(consumer, TopicPartition(topic, p), timeout) for p in partitions}
         todo = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         values: list[bytes] = []
@@ -108,6 +105,23 @@ def read_topic(
         return values
     finally:
         consumer.close()
+
+
+_NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+
+
+def _end_offset(consumer: Consumer, partition: TopicPartition, timeout: float) -> int:
+    """The partition's high watermark. A topic created moments ago may not have its leader known to
+    every broker yet: those refusals are retried until ``timeout``, anything else is raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(partition, timeout=timeout)[1])
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() not in _NOT_READY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def read_outputs(bootstrap: str, topics: TopicNames) -> Outputs:
