@@ -18,10 +18,13 @@ done
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# The test tools, and PyOD (the `outliers` extra) so the outlier-detector baselines are tested too.
+# PyTorch (`start`, START's training) is left out: large, and only its `torch`-marked tests need it.
+extras="test,outliers"
+stamp=.venv/.installed-$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[test]"
+    .venv/bin/python -m pip install --quiet -e ".[$extras]"
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Kafka broker for the whole test session, and unique names per test.
+"""Shared fixtures: one real Kafka broker for the whole test session, and unique names per test;
+the skip of `torch` tests without PyTorch, and a closing count of skipped tests by reason.
 
 Where the broker comes from, first that works:
 1. ``$KAFKA_BOOTSTRAP_SERVERS`` (an existing broker, e.g. in CI or a developer's cluster);
@@ -8,10 +9,12 @@ Where the broker comes from, first that works:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
@@ -21,6 +24,37 @@ BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 # testcontainers-python's KafkaContainer drives Confluent's image scripts (it cannot start the
 # apache/kafka image); Confluent Platform 7.9 ships Apache Kafka 3.9, the version embedded here.
 CONTAINER_IMAGE = "confluentinc/cp-kafka:7.9.0"
+
+
+NO_TORCH = "PyTorch not installed (the start extra): pip install -e '.[start]', then pytest -m torch"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``torch`` when PyTorch is missing: one reason, one place to change it."""
+    if importlib.util.find_spec("torch") is not None:
+        return
+    skip = pytest.mark.skip(reason=NO_TORCH)
+    for item in items:
+        if item.get_closest_marker("torch") is not None:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Generator[None, None, None]:
+    """Close every run with how many tests were skipped, grouped by reason, so a skip CI did not
+    mean to make is seen (``-ra`` lists them by test location). The outermost wrapper: it prints
+    after ``-ra``'s short summary, just before the final counts."""
+    result = yield
+    reasons: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.section(f"{sum(reasons.values())} skipped, by reason", sep="-")
+        for reason, count in reasons.most_common():
+            terminalreporter.write_line(f"{count:5d}  {reason}")
+    return result
 
 
 def _docker_answers() -> bool:

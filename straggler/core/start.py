@@ -30,7 +30,10 @@ Adaptations to this project, all documented in docs/results/start/SECTION.md:
   ``alpha -> 1+``); training targets are clipped to ``[1, ALPHA_MAX]``.
 
 Torch is imported only in `StartMethod.fit_population`; the fitted method keeps its weights as numpy
-arrays and predicts with numpy, so it pickles small and workers need not import torch.
+arrays and predicts with numpy (`numpy_step`, the network's forward pass), so it pickles small and
+workers need not import torch. `StartMethod.init_population` sets a START up without torch (the
+scaling of training, weights drawn as PyTorch initialises them), so inference runs and is tested
+where the ``start`` extra is not installed.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
@@ -261,6 +265,58 @@ def training_sequence(
     return times, np.array(summaries, dtype=np.float64).reshape(len(summaries), d)
 
 
+@dataclass(frozen=True)
+class TrainingSet:
+    """What START learns from: complete jobs' online summaries, their targets, and the scaling."""
+
+    sequences: list[FloatArray]
+    """Per usable job, its checkpoint summaries (`training_sequence`), shape (T_j, summary size)."""
+    target: FloatArray
+    """Per job, ``(log alpha, log beta)`` of its Pareto fit (alpha clipped to ``[1, ALPHA_MAX]``)."""
+    x_mean: FloatArray
+    x_scale: FloatArray
+    """Summaries are standardised with these (std 1 where a column is constant)."""
+    log_beta_mean: float
+    log_beta_scale: float
+    """The head's second output is ``(log beta - log_beta_mean) / log_beta_scale``."""
+    n_features: int
+
+
+def training_set(jobs: Sequence[JobTrace]) -> TrainingSet:
+    """The `TrainingSet` of complete ``jobs``; jobs with fewer than 2 scored latencies or no prediction
+    checkpoint are left out. Raises ValueError when jobs disagree on their features or none is usable."""
+    sequences: list[FloatArray] = []
+    targets: list[tuple[float, float]] = []
+    n_features: int | None = None
+    for job in jobs:
+        latency = job.latency[job.scored]
+        if len(latency) < 2:
+            continue
+        if n_features is None:
+            n_features = len(job.feature_names)
+        elif len(job.feature_names) != n_features:
+            raise ValueError(f"job {job.job_id} has {len(job.feature_names)} features, not {n_features}")
+        _, seq = training_sequence(job)
+        if len(seq) == 0:
+            continue
+        alpha, beta = fit_pareto(latency)
+        sequences.append(seq)
+        targets.append((math.log(min(max(alpha, 1.0), ALPHA_MAX)), math.log(beta)))
+    if not sequences or n_features is None:
+        raise ValueError("START needs at least one complete job with a prediction checkpoint to train on")
+    steps = np.concatenate(sequences)
+    target = np.array(targets)
+    return TrainingSet(
+        sequences=sequences,
+        target=target,
+        x_mean=steps.mean(axis=0),
+        x_scale=np.where(steps.std(axis=0) > 1e-9, steps.std(axis=0), 1.0),
+        log_beta_mean=float(target[:, 1].mean()),
+        log_beta_scale=float(target[:, 1].std()) if target[:, 1].std() > 1e-9 else 1.0,
+        n_features=n_features,
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # The network: numpy forward pass (inference) and torch module (training)
 # --------------------------------------------------------------------------------------------------
@@ -300,6 +356,36 @@ def numpy_step(
         x = h
     out = weights["head.weight"] @ x + weights["head.bias"]
     return out, (h_new, c_new)
+
+
+def initial_weights(
+    n_in: int, encoder: tuple[int, ...], hidden: int, layers: int, seed: int = 0
+) -> dict[str, FloatArray]:
+    """Weights of the encoder-LSTM under the names and shapes of its PyTorch ``state_dict``, drawn as
+    PyTorch initialises ``nn.Linear`` and ``nn.LSTM`` (uniform on +-1/sqrt(fan in), +-1/sqrt(hidden)).
+
+    Drawn with NumPy (not PyTorch's generator): they let START run untrained without torch.
+    """
+    rng = np.random.default_rng(seed)
+    weights: dict[str, FloatArray] = {}
+
+    def uniform(bound: float, *shape: int) -> FloatArray:
+        return rng.uniform(-bound, bound, size=shape)
+
+    sizes = (n_in, *encoder)
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        weights[f"encoder.{2 * i}.weight"] = uniform(1.0 / math.sqrt(a), b, a)
+        weights[f"encoder.{2 * i}.bias"] = uniform(1.0 / math.sqrt(a), b)
+    bound = 1.0 / math.sqrt(hidden)
+    for layer in range(layers):
+        width = encoder[-1] if layer == 0 else hidden
+        weights[f"lstm.weight_ih_l{layer}"] = uniform(bound, 4 * hidden, width)
+        weights[f"lstm.weight_hh_l{layer}"] = uniform(bound, 4 * hidden, hidden)
+        weights[f"lstm.bias_ih_l{layer}"] = uniform(bound, 4 * hidden)
+        weights[f"lstm.bias_hh_l{layer}"] = uniform(bound, 4 * hidden)
+    weights["head.weight"] = uniform(bound, 2, hidden)
+    weights["head.bias"] = uniform(bound, 2)
+    return weights
 
 
 def _import_torch() -> Any:
@@ -384,37 +470,48 @@ class StartMethod(StragglerMethod):
         self.random_state = random_state
 
     # -- training across jobs -------------------------------------------------------------------
+    def init_population(self, jobs: Sequence[JobTrace]) -> Self:
+        """Set START up on complete jobs without training and without torch: the input and target
+        scaling `fit_population` would use, and the network at `initial_weights` (seeded by
+        ``random_state``). Predictions are then an untrained network's, through the same NumPy
+        inference as a trained START's: for tests and tools that must run without the extra."""
+        data = training_set(jobs)
+        n_in = data.sequences[0].shape[1]
+        weights = initial_weights(n_in, tuple(self.encoder), self.hidden, self.layers, self.random_state)
+        return self._set_model(data, weights, best_epoch=-1, history=[], seconds=0.0)
+
+    def _set_model(
+        self,
+        data: TrainingSet,
+        weights: dict[str, FloatArray],
+        *,
+        best_epoch: int,
+        history: list[tuple[float, float]],
+        seconds: float,
+    ) -> Self:
+        """Store the network's weights and the scaling of ``data``: what `predict` reads."""
+        self.weights_ = weights
+        self.x_mean_ = data.x_mean
+        self.x_scale_ = data.x_scale
+        self.log_beta_mean_ = data.log_beta_mean
+        self.log_beta_scale_ = data.log_beta_scale
+        self.n_features_ = data.n_features
+        self.training_jobs_ = len(data.sequences)
+        self.best_epoch_ = best_epoch
+        self.history_ = history
+        self.train_seconds_ = seconds
+        return self
+
     def fit_population(self, jobs: Sequence[JobTrace]) -> Self:
         """Train the encoder-LSTM on complete jobs: each job's online summaries, target its Pareto fit."""
         torch = _import_torch()
         started = time.perf_counter()
-        sequences: list[FloatArray] = []
-        targets: list[tuple[float, float]] = []
-        n_features: int | None = None
-        for job in jobs:
-            latency = job.latency[job.scored]
-            if len(latency) < 2:
-                continue
-            if n_features is None:
-                n_features = len(job.feature_names)
-            elif len(job.feature_names) != n_features:
-                raise ValueError(f"job {job.job_id} has {len(job.feature_names)} features, not {n_features}")
-            _, seq = training_sequence(job)
-            if len(seq) == 0:
-                continue
-            alpha, beta = fit_pareto(latency)
-            sequences.append(seq)
-            targets.append((math.log(min(max(alpha, 1.0), ALPHA_MAX)), math.log(beta)))
-        if not sequences or n_features is None:
-            raise ValueError("START needs at least one complete job with a prediction checkpoint to train on")
-
-        steps = np.concatenate(sequences)
-        x_mean = steps.mean(axis=0)
-        x_scale = np.where(steps.std(axis=0) > 1e-9, steps.std(axis=0), 1.0)
-        target = np.array(targets)
-        log_beta_mean = float(target[:, 1].mean())
-        log_beta_scale = float(target[:, 1].std()) if target[:, 1].std() > 1e-9 else 1.0
-        target_scaled = np.column_stack([target[:, 0], (target[:, 1] - log_beta_mean) / log_beta_scale])
+        data = training_set(jobs)
+        sequences, x_mean, x_scale = data.sequences, data.x_mean, data.x_scale
+        target = data.target
+        target_scaled = np.column_stack(
+            [target[:, 0], (target[:, 1] - data.log_beta_mean) / data.log_beta_scale]
+        )
 
         rng = np.random.default_rng(self.random_state)
         order = rng.permutation(len(sequences))
@@ -425,7 +522,7 @@ class StartMethod(StragglerMethod):
         torch.set_num_threads(1)
         try:
             torch.manual_seed(self.random_state)
-            net = _build_network(torch, steps.shape[1], tuple(self.encoder), self.hidden, self.layers)
+            net = _build_network(torch, x_mean.shape[0], tuple(self.encoder), self.hidden, self.layers)
             net = net.double()
 
             def batch(index: Any) -> tuple[Any, Any, Any, Any]:
@@ -469,17 +566,10 @@ class StartMethod(StragglerMethod):
         finally:
             torch.set_num_threads(threads)
 
-        self.weights_ = {k: v.detach().numpy().astype(np.float64).copy() for k, v in net.state_dict().items()}
-        self.x_mean_ = x_mean
-        self.x_scale_ = x_scale
-        self.log_beta_mean_ = log_beta_mean
-        self.log_beta_scale_ = log_beta_scale
-        self.n_features_ = n_features
-        self.training_jobs_ = len(sequences)
-        self.best_epoch_ = best[1]
-        self.history_ = history
-        self.train_seconds_ = time.perf_counter() - started
-        return self
+        weights = {k: v.detach().numpy().astype(np.float64).copy() for k, v in net.state_dict().items()}
+        return self._set_model(
+            data, weights, best_epoch=best[1], history=history, seconds=time.perf_counter() - started
+        )
 
     # -- one job, checkpoint by checkpoint ------------------------------------------------------
     def _check_fitted(self, data: CheckpointData) -> None:
