@@ -56,7 +56,9 @@ from schemas import (
     TaskCheckpoint,
     command_id,
     decode,
+    decode_each,
     encode,
+    task_batches,
 )
 from straggler.core.policy_spec import DEFAULT_POLICY, make_policy
 from straggler.evaluation import EvaluationConfig, online_job, replay_decisions
@@ -196,11 +198,12 @@ def offline_expectation(traces: Sequence[JobTrace]) -> Expectation:
 # --------------------------------------------------------------------------- the input stream
 
 
-def stream_events(traces: Sequence[JobTrace], topics: TopicNames) -> list[Outgoing]:
+def stream_events(traces: Sequence[JobTrace], topics: TopicNames, batch: bool = True) -> list[Outgoing]:
     """The records an open-loop `TraceReplayer` would produce, in its order, as a list.
 
     Built with the replayer's own event code (so the stream is the same), but held in memory so a
-    scenario can cut it where it wants, interleave bad records or repeat records.
+    scenario can cut it where it wants, interleave bad records or repeat records. ``batch``: task
+    observations in ``task_batch`` records (the replayer's default), else one record each.
     """
     records: list[Outgoing] = []
     sims = [JobSimulation(trace, 0) for trace in traces]
@@ -212,6 +215,12 @@ def stream_events(traces: Sequence[JobTrace], topics: TopicNames) -> list[Outgoi
     def send(topic: str, job_id: str, event: Event) -> None:
         records.append((topic, job_id, encode(event)))
 
+    def send_tasks(topic: str, job_id: str, events: Sequence[TaskCheckpoint]) -> None:
+        if not batch:
+            records.extend((topic, job_id, encode(event)) for event in events)
+        elif events:
+            records.extend((topic, job_id, p) for p in task_batches(job_id, events, source=events[0].source))
+
     for t in instants:
         for j, trace in enumerate(traces):
             checkpoints = [float(c) for c in trace.checkpoints]
@@ -220,7 +229,7 @@ def stream_events(traces: Sequence[JobTrace], topics: TopicNames) -> list[Outgoi
             k = checkpoints.index(t)
             if k == 0:
                 send(topics.job_events, trace.job_id, _started(trace))
-            replayer._publish_checkpoint(sims[j], next(steps[j]), send, scratch)
+            replayer._publish_checkpoint(sims[j], next(steps[j]), send, send_tasks, scratch)
             if k == len(checkpoints) - 1:
                 send(topics.job_events, trace.job_id, _ended(trace, t))
     return records
@@ -393,11 +402,11 @@ class Watch:
 
     def poll(self) -> None:
         for message in self._predictions.consume(num_messages=5000, timeout=POLL_S):
-            if message.error() is None and b'"checkpoint_evaluated"' in (message.value() or b""):
+            if message.error() is None:
                 with contextlib.suppress(SchemaError):
-                    event = decode(message.value())
-                    if isinstance(event, CheckpointEvaluated):
-                        self.markers.add((event.job_id, event.checkpoint_time))
+                    for event in decode_each(message.value()):
+                        if isinstance(event, CheckpointEvaluated):
+                            self.markers.add((event.job_id, event.checkpoint_time))
         for message in self._commands.consume(num_messages=5000, timeout=POLL_S):
             if message.error() is None:
                 with contextlib.suppress(SchemaError):
@@ -447,11 +456,11 @@ def verify(
     for topic in (topics.predictions, topics.dead_letters):
         for value in read_topic(bootstrap, topic, timeout=60.0):
             with contextlib.suppress(SchemaError):
-                event = decode(value)
-                if isinstance(event, Prediction) and event.job_id in jobs:
-                    predictions.append(event)
-                elif isinstance(event, DeadLetter):
-                    letters.append(event)
+                for event in decode_each(value):
+                    if isinstance(event, Prediction) and event.job_id in jobs:
+                        predictions.append(event)
+                    elif isinstance(event, DeadLetter):
+                        letters.append(event)
     verdicts: dict[tuple[str, str, float], set[bool]] = {}
     for p in predictions:
         verdicts.setdefault((p.job_id, p.task_id, p.checkpoint_time), set()).add(p.is_straggler)
@@ -747,6 +756,7 @@ BAD_KINDS = (
     "negative-latency",
     "huge",
     "unknown-job",
+    "bad-in-batch",
 )
 BAD_REASON = {
     "not-json": "(json)",
@@ -758,6 +768,7 @@ BAD_REASON = {
     "negative-latency": "(minimum)",
     "huge": "(maxSize)",
     "unknown-job": "unknown job",
+    "bad-in-batch": "task_batch.observations[0].latency: must be >= 0 (minimum)",
 }
 """What each kind's dead letter must say (the rule `schemas.SchemaError` names, or the agent's reason)."""
 
@@ -800,6 +811,10 @@ def bad_record(kind: str, i: int, job_id: str, topics: TopicNames) -> Outgoing:
             ghost,
             orjson.dumps({**valid, "job_id": ghost, "status": "running", "latency": None}),
         )
+    elif kind == "bad-in-batch":
+        body = {k: v for k, v in valid.items() if k not in ("type", "schema_version", "job_id")}
+        batch = {"type": "task_batch", "schema_version": 1, "job_id": job_id}
+        payload = orjson.dumps(batch | {"observations": [body | {"latency": -3.0}]})
     else:
         raise ValueError(kind)
     topic = topics.job_events if i % 10 == 0 and kind != "huge" else topics.checkpoints
@@ -905,7 +920,7 @@ def with_repeats(records: Sequence[Outgoing]) -> tuple[list[Outgoing], int]:
 def duplicates_out_of_order(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """Every record twice, late ``running`` events after finishes, old boundaries again."""
     with pipeline_run("duplicates", bootstrap, workdir, sizes) as (result, topics, traces, exp, procs, watch):
-        records, faults = with_repeats(stream_events(traces, topics))
+        records, faults = with_repeats(stream_events(traces, topics, batch=False))  # single events: late ones
         result.events_in, result.faults = len(records), faults
         procs.start_worker()
         procs.start_mitigator()

@@ -71,13 +71,17 @@ from schemas import (
     DeadLetter,
     JobEvent,
     Prediction,
+    PredictionBatch,
     RelaunchCommand,
     SchemaError,
+    TaskBatch,
     TaskCheckpoint,
     command_id,
     dead_letter_for,
     decode,
     encode,
+    expand_predictions,
+    observations,
 )
 from straggler.core.online import Decision
 from straggler.core.policies import MitigationPolicy
@@ -174,6 +178,21 @@ class MitigationState:
         except SchemaError as error:
             self.dead_letters += 1
             return [dead_letter_for(msg_value, topic, partition, offset, error)]
+        if isinstance(event, PredictionBatch):
+            try:
+                predictions, marker = expand_predictions(event)
+            except SchemaError as error:
+                self.dead_letters += 1
+                return [dead_letter_for(msg_value, topic, partition, offset, error)]
+            for prediction in predictions:
+                self._on_prediction(prediction, partition)
+            return [] if marker is None else self._on_marker(marker, partition)
+        if isinstance(event, TaskBatch):
+            outputs: list[Output] = []
+            for observation in observations(event):  # the agent letters the bad ones
+                if isinstance(observation, TaskCheckpoint):
+                    outputs += self._on_task_checkpoint(observation, partition)
+            return outputs
         if isinstance(event, Prediction):
             self._on_prediction(event, partition)
             return []
@@ -326,6 +345,7 @@ def _decision(event: Prediction) -> Decision:
         is_straggler=event.is_straggler,
         model_version=event.model_version,
         attempt=event.attempt or 0,
+        straggle_probability=number(event.straggle_probability),
     )
 
 

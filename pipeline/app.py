@@ -5,12 +5,14 @@ Topology (all topics co-partitioned and keyed by job id; see docs/stream-protoco
     task-checkpoints + job-events --> [agent: decode, validate, update, evaluate] --> straggler-predictions
                                                  \\--> dead-letters (anything that fails to decode)
 
-The agent only moves events: it decodes and validates them (`schemas`), feeds task events to the
-job's `OnlineJob` (`straggler.core.online`, the same object the offline evaluator drives), and, at a
-checkpoint boundary, publishes one prediction per evaluated task and a ``checkpoint_evaluated``
-marker. Jobs that send no boundaries (live telemetry) are evaluated on a timer: the timer publishes
-a boundary into the job's own partition, so every evaluation happens in-stream, where table writes
-go to the right changelog partition.
+The agent only moves events: it decodes and validates them (`schemas`), feeds task observations
+(single ``task_checkpoint`` records or ``task_batch`` records of many) to the job's `OnlineJob`
+(`straggler.core.online`, the same object the offline evaluator drives), and, at a checkpoint
+boundary, publishes the checkpoint's verdicts as ``prediction_batch`` records (one per job
+checkpoint, in parts within 64 KiB; the last part completes the checkpoint). Jobs that send no
+boundaries (live telemetry) are evaluated on a timer: the timer publishes a boundary into the job's
+own partition, so every evaluation happens in-stream, where table writes go to the right changelog
+partition.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
+import orjson
 from faust.types import EventT
 
 from pipeline.durability import acknowledged, drain_fully
@@ -36,10 +39,13 @@ from schemas import (
     JobEvent,
     Prediction,
     SchemaError,
+    TaskBatch,
     TaskCheckpoint,
     dead_letter_for,
     decode,
     encode,
+    observations,
+    prediction_batches,
 )
 from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision
@@ -47,6 +53,10 @@ from straggler.core.registry import load_trained_method, make_method
 from straggler.kafka.names import TopicNames
 
 log = logging.getLogger(__name__)
+
+TaskInput = list[TaskCheckpoint] | CheckpointBoundary
+"""What a job's input record asks of it (its valid task observations, or a boundary); it needs the
+job's 'started' event first."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,9 @@ class WorkerSettings:
 @dataclass
 class AgentStats:
     events: int = 0
+    """Input records."""
     task_events: int = 0
+    """Task observations (a batch counts its observations)."""
     boundaries: int = 0
     predictions: int = 0
     dead_letters: int = 0
@@ -122,6 +134,7 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
         elapsed=d.elapsed,
         produced_at=produced_at,
         attempt=d.attempt,
+        straggle_probability=_nan_to_none(d.straggle_probability),
     )
 
 
@@ -222,7 +235,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
 
         admm = install(app, settings, store)
     stats = AgentStats()
-    pending: dict[str, list[tuple[float, EventT, TaskCheckpoint | CheckpointBoundary]]] = defaultdict(list)
+    pending: dict[str, list[tuple[float, EventT, TaskInput]]] = defaultdict(list)
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
     app.straggler_stats = stats  # type: ignore[attr-defined]
@@ -234,24 +247,23 @@ def create_app(settings: WorkerSettings) -> faust.App:
     app.on_partitions_revoked.connect(cast(Any, on_partitions_moved))
     app.on_partitions_assigned.connect(cast(Any, on_partitions_moved))
 
-    async def dead_letter(event: EventT, error: str | BaseException) -> None:
+    async def dead_letter(event: EventT, error: str | BaseException, payload: bytes | None = None) -> None:
+        """Letter the record of ``event`` (or ``payload``, one observation of its batch) with the reason."""
         stats.dead_letters += 1
         message = event.message
-        letter = dead_letter_for(
-            message.value or b"", message.topic, message.partition, message.offset, error
-        )
+        raw = (message.value or b"") if payload is None else payload
+        letter = dead_letter_for(raw, message.topic, message.partition, message.offset, error)
         await dead_letters.send(key=message.key, value=encode(letter))
 
     def apply_task(event: TaskCheckpoint) -> None:
-        """Feed one task event to its (known) job."""
+        """Feed one task event to its (known) job; `JobStore.write_changes` writes what it changed."""
         meta = store.meta(event.job_id)
         job = store.job(event.job_id)
         assert meta is not None and job is not None
         if not meta.feature_names:
             meta.feature_names = list(event.features)
             store.save_meta(event.job_id, meta)
-            store.forget_cache()  # rebuild with the right feature count
-            job = store.job(event.job_id)
+            job = store.reload(event.job_id)  # rebuild with the right feature count
             assert job is not None
         x = feature_vector(meta.feature_names, event.features)
         if event.status == "running":
@@ -281,11 +293,23 @@ def create_app(settings: WorkerSettings) -> faust.App:
             store.save_meta(event.job_id, meta)
         await evaluate(event.job_id, event.checkpoint_time, event.produced_at)
 
-    async def apply(event: TaskCheckpoint | CheckpointBoundary) -> None:
-        if isinstance(event, TaskCheckpoint):
-            apply_task(event)
-        else:
-            await apply_boundary(event)
+    async def apply(decoded: TaskInput) -> None:
+        if isinstance(decoded, CheckpointBoundary):
+            await apply_boundary(decoded)
+            return
+        for observation in decoded:
+            apply_task(observation)
+        store.write_changes(decoded[0].job_id)  # before any await: nothing is left pending
+
+    async def valid_observations(event: EventT, batch: TaskBatch) -> list[TaskCheckpoint]:
+        """The batch's valid observations; each invalid one is dead-lettered alone, with its reason."""
+        valid = []
+        for body, observation in zip(batch.observations, observations(batch), strict=True):
+            if isinstance(observation, SchemaError):
+                await dead_letter(event, observation, payload=orjson.dumps(body))
+            else:
+                valid.append(observation)
+        return valid
 
     def drop(job_id: str) -> None:
         if admm is not None:
@@ -305,8 +329,6 @@ def create_app(settings: WorkerSettings) -> faust.App:
         decisions = store.evaluate(job_id, at)
         now = time.time()
         key = job_id.encode()
-        for d in decisions:
-            await predictions.send(key=key, value=encode(prediction_event(d, settings.method, now)))
         marker = CheckpointEvaluated(
             job_id=job_id,
             checkpoint_time=at,
@@ -314,9 +336,11 @@ def create_app(settings: WorkerSettings) -> faust.App:
             flagged=sum(d.is_straggler for d in decisions),
             model_version=job.model_version,
             boundary_produced_at=boundary_produced_at,
-            produced_at=time.time(),
+            produced_at=now,
         )
-        await predictions.send(key=key, value=encode(marker))
+        verdicts = [prediction_event(d, settings.method, now) for d in decisions]
+        for part in prediction_batches(verdicts, marker):
+            await predictions.send(key=key, value=part)
         await acknowledged(app.producer)  # flags, model and predictions are on the broker
         store.record_evaluation(at, job, meta)
         await acknowledged(app.producer)  # so is the job row, before any later write of the job
@@ -342,15 +366,23 @@ def create_app(settings: WorkerSettings) -> faust.App:
                 await dead_letter(event, f"internal error: {type(error).__name__}: {error}")
 
     async def handle(event: EventT, decoded: object) -> None:
-        if isinstance(decoded, TaskCheckpoint | CheckpointBoundary):
+        if isinstance(decoded, TaskCheckpoint | TaskBatch | CheckpointBoundary):
+            work: TaskInput
             if isinstance(decoded, TaskCheckpoint):
                 stats.task_events += 1
+                work = [decoded]
+            elif isinstance(decoded, TaskBatch):
+                stats.task_events += len(decoded.observations)
+                work = await valid_observations(event, decoded)
+                if not work:
+                    return
             else:
                 stats.boundaries += 1
+                work = decoded
             if store.meta(decoded.job_id) is None or decoded.job_id in pending:
-                pending[decoded.job_id].append((time.monotonic(), event, decoded))
+                pending[decoded.job_id].append((time.monotonic(), event, work))
             else:
-                await apply(decoded)
+                await apply(work)
         elif isinstance(decoded, JobEvent):
             await handle_job_event(decoded)
             if store.meta(decoded.job_id) is not None:

@@ -3,8 +3,10 @@
 Three tables, all written while the agent handles an event of the job, so every write goes to the
 changelog partition of the job's own partition (the topics are co-partitioned):
 
-``tasks``   one row per task (``job \\x1f task``): status, latest features, start, attempt, latency,
-            when it was flagged. A task event rewrites one row, never a whole job.
+``tasks``   a job's task changes, one row per input record and per evaluated checkpoint
+            (``job \x1f sequence``): the new state of every task the record changed (status, latest
+            features, start, attempt, latency, when it was flagged). A batch of observations is one
+            row, so the changelog grows with records, not with task observations.
 ``jobs``    one row per job: expected tasks, feature names, model version, size of the finished set
             at the last fit, whether it is calibrated, last evaluated checkpoint, live or replayed.
 ``models``  the fitted method of each job, pickled at every refit (about 15 per job) under
@@ -12,13 +14,15 @@ changelog partition of the job's own partition (the topics are co-partitioned):
             of a refit on different data.
 
 The in-memory ``OnlineJob`` objects are a cache derived from the tables: dropped whenever partitions
-are revoked or assigned, rebuilt from the tables on the next event of the job.
+are revoked or assigned, rebuilt from the tables on the next event of the job (the task rows applied
+in sequence order, later rows overriding earlier ones).
 
 A checkpoint changes all three tables, and the changelogs are separate topics: a killed worker can
 leave any subset of its last writes behind. The job row is therefore the commit record of a
 checkpoint, written in this order by the agent:
 
-1. `evaluate` writes the checkpoint's flags and new model (under a new version key), not the job row;
+1. `evaluate` writes the checkpoint's flags (one task row) and new model (under a new version key), not
+   the job row;
 2. the agent publishes the predictions and waits until all of it is acknowledged;
 3. `record_evaluation` writes the job row, and the agent waits for that too before it writes anything
    else of the job (later task rows must never outlive a lost job row);
@@ -49,35 +53,46 @@ SEPARATOR = "\x1f"
 log = logging.getLogger(__name__)
 
 
-def task_key(job_id: str, task_id: str) -> bytes:
-    return f"{job_id}{SEPARATOR}{task_id}".encode()
+SEQUENCE_DIGITS = 12
+"""Task rows are keyed ``job \x1f`` + a zero-padded sequence, so key order is write order."""
+
+
+def changes_key(job_id: str, sequence: int) -> bytes:
+    return f"{job_id}{SEPARATOR}{sequence:0{SEQUENCE_DIGITS}d}".encode()
 
 
 def model_key(job_id: str, version: int) -> bytes:
     return f"{job_id}{SEPARATOR}{version}".encode()
 
 
-def encode_task(record: TaskRecord, flagged_at: float | None) -> bytes:
-    features = [None if math.isnan(v) else float(v) for v in record.features]
-    return orjson.dumps(
-        {
-            "s": int(record.status),
-            "x": features,
-            "st": float(record.start),
-            "t": float(record.observed_at),
-            "a": int(record.attempt),
-            "l": None if math.isnan(record.latency) else float(record.latency),
-            "f": None if flagged_at is None else float(flagged_at),
-        }
-    )
+def task_row(record: TaskRecord, flagged_at: float | None) -> dict[str, Any]:
+    """One task's state as a JSON-ready dict (NaN written as null)."""
+    features = [None if math.isnan(v) else float(v) for v in record.features.tolist()]
+    return {
+        "s": int(record.status),
+        "x": features,
+        "st": float(record.start),
+        "t": float(record.observed_at),
+        "a": int(record.attempt),
+        "l": None if math.isnan(record.latency) else float(record.latency),
+        "f": None if flagged_at is None else float(flagged_at),
+    }
 
 
-def decode_task(payload: bytes) -> tuple[TaskRecord, float | None]:
-    row = orjson.loads(payload)
+def read_task_row(row: Mapping[str, Any]) -> tuple[TaskRecord, float | None]:
     features = np.array([np.nan if v is None else v for v in row["x"]], dtype=np.float64)
     latency = float("nan") if row["l"] is None else float(row["l"])
     record = TaskRecord(TaskStatus(row["s"]), features, row["st"], row["t"], row["a"], latency)
     return record, row["f"]
+
+
+def encode_changes(rows: Mapping[str, Mapping[str, Any]]) -> bytes:
+    """A task row of the ``tasks`` table: task id -> `task_row`."""
+    return orjson.dumps(rows)
+
+
+def decode_changes(payload: bytes) -> dict[str, tuple[TaskRecord, float | None]]:
+    return {task_id: read_task_row(row) for task_id, row in orjson.loads(payload).items()}
 
 
 @dataclass
@@ -107,6 +122,15 @@ JobFactory = Callable[[str, JobMeta], OnlineJob]
 
 
 @dataclass
+class _CachedJob:
+    meta: JobMeta
+    job: OnlineJob
+    next_sequence: int
+    changed: set[str] = field(default_factory=set)
+    """Tasks changed since the job's last task row: `write_changes` writes them as one row."""
+
+
+@dataclass
 class JobStore:
     """Write-through cache of `OnlineJob`s over the three tables."""
 
@@ -114,16 +138,24 @@ class JobStore:
     jobs: MutableMapping[bytes, bytes]
     models: MutableMapping[bytes, bytes]
     make_job: JobFactory
-    _cache: dict[str, tuple[JobMeta, OnlineJob]] = field(default_factory=dict)
+    _cache: dict[str, _CachedJob] = field(default_factory=dict)
 
     def forget_cache(self) -> None:
-        """Partitions moved: what is cached may no longer be ours, or may be stale."""
+        """Partitions moved: what is cached may no longer be ours, or may be stale.
+
+        The agent writes a record's changes before it awaits anything, so none are pending here."""
         self._cache.clear()
+
+    def reload(self, job_id: str) -> OnlineJob | None:
+        """Write the job's pending changes, then rebuild it from the tables (its feature names changed)."""
+        self.write_changes(job_id)
+        self._cache.pop(job_id, None)
+        return self.job(job_id)
 
     def meta(self, job_id: str) -> JobMeta | None:
         cached = self._cache.get(job_id)
         if cached is not None:
-            return cached[0]
+            return cached.meta
         payload = self.jobs.get(job_id.encode())
         return None if payload is None else JobMeta.decode(payload)
 
@@ -147,19 +179,19 @@ class JobStore:
         """The job's `OnlineJob`, from the cache or rebuilt from the tables; None if unknown."""
         cached = self._cache.get(job_id)
         if cached is not None:
-            return cached[1]
+            return cached.job
         meta = self.meta(job_id)
         if meta is None:
             return None
         job = self.make_job(job_id, meta)
-        prefix = f"{job_id}{SEPARATOR}".encode()
         evaluated = meta.last_evaluated
-        for key, payload in self._rows(self.tasks, prefix):
-            record, flagged_at = decode_task(payload)
-            task_id = key[len(prefix) :].decode()
-            job.state.tasks[task_id] = record
-            if flagged_at is not None and evaluated is not None and flagged_at <= evaluated:
-                job.state.flagged[task_id] = flagged_at  # later flags belong to an uncommitted checkpoint
+        rows = sorted(self._rows(self.tasks, f"{job_id}{SEPARATOR}".encode()))
+        for _, payload in rows:
+            for task_id, (record, flagged_at) in decode_changes(payload).items():
+                job.state.tasks[task_id] = record
+                job.state.flagged.pop(task_id, None)
+                if flagged_at is not None and evaluated is not None and flagged_at <= evaluated:
+                    job.state.flagged[task_id] = flagged_at  # later flags: an uncommitted checkpoint
         job.model_version = meta.model_version
         job.fitted_on = meta.fitted_on
         job.calibrated = meta.calibrated
@@ -171,7 +203,8 @@ class JobStore:
                 log.error("job %r: model version %d is missing; refitting", job_id, meta.model_version)
                 job.fitted_on = 0
                 job.calibrated = False
-        self._cache[job_id] = (meta, job)
+        next_sequence = int(rows[-1][0].rsplit(SEPARATOR.encode(), 1)[1]) + 1 if rows else 0
+        self._cache[job_id] = _CachedJob(meta, job, next_sequence)
         return job
 
     @staticmethod
@@ -179,8 +212,28 @@ class JobStore:
         return [(k, v) for k, v in table.items() if k.startswith(prefix)]
 
     def put_task(self, job: OnlineJob, task_id: str) -> None:
-        record = job.state.tasks[task_id]
-        self.tasks[task_key(job.job_id, task_id)] = encode_task(record, job.state.flagged.get(task_id))
+        """Note that a task of ``job`` changed; `write_changes` writes it."""
+        self._cached(job.job_id).changed.add(task_id)
+
+    def write_changes(self, job_id: str) -> int:
+        """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
+        cached = self._cache.get(job_id)
+        if cached is None or not cached.changed:
+            return 0
+        state = cached.job.state
+        rows = {
+            task_id: task_row(state.tasks[task_id], state.flagged.get(task_id)) for task_id in cached.changed
+        }
+        self.tasks[changes_key(job_id, cached.next_sequence)] = encode_changes(rows)
+        cached.next_sequence += 1
+        cached.changed.clear()
+        return len(rows)
+
+    def _cached(self, job_id: str) -> _CachedJob:
+        cached = self._cache.get(job_id)
+        if cached is None:
+            raise KeyError(f"job {job_id!r} is not loaded: call JobStore.job first")
+        return cached
 
     def evaluate(self, job_id: str, at: float) -> list[Decision]:
         """Run the job's checkpoint at ``at``; write its flags and any new model, not the job row.
@@ -197,6 +250,7 @@ class JobStore:
         for d in decisions:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
+        self.write_changes(job_id)
         if job.model_version != version_before:
             self.models[model_key(job_id, job.model_version)] = pickle.dumps(job.method)
         return decisions

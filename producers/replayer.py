@@ -38,8 +38,9 @@ from schemas import (
     RelaunchCommand,
     SchemaError,
     TaskCheckpoint,
-    decode,
+    decode_each,
     encode,
+    task_batches,
 )
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
@@ -67,6 +68,8 @@ _NO_LEADER_YET = (
 
 SendEvent = Callable[[str, str, Event], None]
 """``send(topic, job_id, event)``: encode and produce one event keyed by its job."""
+SendTasks = Callable[[str, str, Sequence[TaskCheckpoint]], None]
+"""``send_tasks(topic, job_id, events)``: produce one job's task observations (batched or one by one)."""
 
 
 class ReplayStalled(RuntimeError):
@@ -97,10 +100,13 @@ def replay_producer_config(bootstrap: str) -> dict[str, str | int | float | bool
 @dataclass
 class ReplayResult:
     events_produced: int
+    """Records produced (a batch of observations is one record)."""
     delivery_failures: int
     jobs: int
     instants: int
     wall_seconds: float
+    observations_produced: int = 0
+    """Task observations produced, batched or not."""
     commands_applied: int = 0
     commands_ignored: int = 0
     commands_duplicate: int = 0
@@ -134,6 +140,7 @@ class ReplayResult:
             "jobs": self.jobs,
             "instants": self.instants,
             "events_produced": self.events_produced,
+            "observations_produced": self.observations_produced,
             "delivery_failures": self.delivery_failures,
             "wall_seconds": round(self.wall_seconds, 3),
             "events_per_second": round(self.events_per_second, 1),
@@ -175,22 +182,22 @@ class _PipelineWatch:
         consumer.assign([TopicPartition(topic, p, _end_offset(consumer, topic, p)) for p in partitions])
         return partitions
 
-    def _decode(self, message: Message) -> Event | None:
+    def _decode(self, message: Message) -> list[Event]:
         try:
-            return decode(message.value())
+            return decode_each(message.value())
         except SchemaError:
             self.undecodable += 1
-            return None
+            return []
 
     def _read_markers(self) -> None:
         for message in self.predictions.consume(num_messages=1000, timeout=POLL_SECONDS):
             if message.error() is not None:
                 continue
-            event = self._decode(message)
-            if isinstance(event, CheckpointEvaluated):
-                partition, offset = message.partition(), message.offset()
-                if partition is not None and offset is not None:
-                    self.markers[(event.job_id, event.checkpoint_time)] = (partition, offset)
+            for event in self._decode(message):
+                if isinstance(event, CheckpointEvaluated):
+                    partition, offset = message.partition(), message.offset()
+                    if partition is not None and offset is not None:
+                        self.markers[(event.job_id, event.checkpoint_time)] = (partition, offset)
 
     def record_boundary(self, job_id: str, t: float, message: Message) -> None:
         partition, offset = message.partition(), message.offset()
@@ -265,9 +272,7 @@ class _PipelineWatch:
                     if error.code() == KafkaError._PARTITION_EOF and partition is not None:
                         self.command_eof[partition] = offset if offset is not None else -1
                     continue
-                event = self._decode(message)
-                if isinstance(event, RelaunchCommand):
-                    found.append(event)
+                found += [e for e in self._decode(message) if isinstance(e, RelaunchCommand)]
         return found
 
     def close(self) -> None:
@@ -297,7 +302,8 @@ class TraceReplayer:
     seconds of wall time between instants, at most `MAX_SLEEP_SECONDS`. ``seed`` selects the relaunch
     draws (use the evaluator's seed to compare with it). ``checkpoint_seconds`` is the grid used to add
     checkpoints when a command makes a job outlast its own; by default the smallest spacing of the
-    traces' checkpoints.
+    traces' checkpoints. ``batch`` sends each job checkpoint's task observations as ``task_batch``
+    records (the default); False sends one ``task_checkpoint`` record per observation.
     """
 
     def __init__(
@@ -313,6 +319,7 @@ class TraceReplayer:
         wait_timeout: float = 120.0,
         progress: bool = True,
         checkpoint_seconds: float | None = None,
+        batch: bool = True,
     ) -> None:
         if speed < 0 or not math.isfinite(speed):
             raise ValueError(f"speed must be 0 (as fast as possible) or positive, got {speed}")
@@ -331,6 +338,7 @@ class TraceReplayer:
         self.wait_timeout = wait_timeout
         self.progress = progress
         self.interval = checkpoint_seconds or _smallest_spacing(self.traces)
+        self.batch = batch
         if closed_loop and self.interval is None:
             raise ValueError("closed loop needs checkpoint_seconds: no trace has two checkpoints")
 
@@ -358,12 +366,9 @@ class TraceReplayer:
         previous: float | None = None
         paced_at = time.monotonic()
 
-        def send(topic: str, job_id: str, event: Event) -> None:
-            payload = encode(event)
-            callback: Callable[[KafkaError | None, Message], None] = deliveries
-            if watch is not None and isinstance(event, CheckpointBoundary):
-                callback = partial(_record_boundary, deliveries, watch, job_id, event.checkpoint_time)
-
+        def produce(
+            topic: str, job_id: str, payload: bytes, callback: Callable[[KafkaError | None, Message], None]
+        ) -> None:
             while True:
                 try:
                     producer.produce(topic, payload, job_id.encode(), on_delivery=callback)
@@ -373,6 +378,21 @@ class TraceReplayer:
             result.events_produced += 1
             if result.events_produced % 1000 == 0:
                 producer.poll(0)
+
+        def send(topic: str, job_id: str, event: Event) -> None:
+            callback: Callable[[KafkaError | None, Message], None] = deliveries
+            if watch is not None and isinstance(event, CheckpointBoundary):
+                callback = partial(_record_boundary, deliveries, watch, job_id, event.checkpoint_time)
+            produce(topic, job_id, encode(event), callback)
+
+        def send_tasks(topic: str, job_id: str, events: Sequence[TaskCheckpoint]) -> None:
+            result.observations_produced += len(events)
+            if not self.batch:
+                for event in events:
+                    produce(topic, job_id, encode(event), deliveries)
+            elif events:
+                for payload in task_batches(job_id, events, source=events[0].source):
+                    produce(topic, job_id, payload, deliveries)
 
         try:
             while heap:
@@ -392,7 +412,7 @@ class TraceReplayer:
                     k = next_k[j]
                     step = sims[j].step(k, t) if self.closed_loop else next(open_steps[j])
                     next_k[j] += 1
-                    self._publish_checkpoint(sims[j], step, send, result)
+                    self._publish_checkpoint(sims[j], step, send, send_tasks, result)
                     if not self.closed_loop and k == len(self.traces[j].checkpoints) - 1:
                         send(self.topics.job_events, self.traces[j].job_id, _ended(self.traces[j], t))
                 if watch is not None:
@@ -432,6 +452,7 @@ class TraceReplayer:
         sim: JobSimulation,
         step: CheckpointStep,
         send: SendEvent,
+        send_tasks: SendTasks,
         result: ReplayResult,
     ) -> None:
         """One job's events for one checkpoint: finishes, kills, running tasks, then the boundary."""
@@ -440,6 +461,7 @@ class TraceReplayer:
         names = trace.feature_names
         source = str(trace.meta.get("source", PRODUCER_SOURCE))
         topic = self.topics.checkpoints
+        events: list[TaskCheckpoint] = []
         for i in finish_order(sim, finished):
             attempt, start = sim.finish_of(i)
             event = TaskCheckpoint(
@@ -454,7 +476,7 @@ class TraceReplayer:
                 start_time=_finite_or_none(start),
                 source=source,
             )
-            send(topic, trace.job_id, event)
+            events.append(event)
         for i in finish_order(sim, gone):
             event = TaskCheckpoint(
                 job_id=trace.job_id,
@@ -467,7 +489,7 @@ class TraceReplayer:
                 start_time=_finite_or_none(sim.start[i]),
                 source=source,
             )
-            send(topic, trace.job_id, event)
+            events.append(event)
         for i, row in zip(running.tolist(), features, strict=True):
             event = TaskCheckpoint(
                 job_id=trace.job_id,
@@ -480,7 +502,8 @@ class TraceReplayer:
                 start_time=float(sim.start[i]),
                 source=source,
             )
-            send(topic, trace.job_id, event)
+            events.append(event)
+        send_tasks(topic, trace.job_id, events)
         produced_at = time.time()
         boundary = CheckpointBoundary(
             job_id=trace.job_id, checkpoint_time=t, checkpoint_index=k, produced_at=produced_at

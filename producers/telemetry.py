@@ -12,10 +12,13 @@ latency when they finish, then ends the job::
         telemetry.report("job-42", "task-7", {"cpu_usage": 0.7}, status="finished", latency=131.5)
         telemetry.end_job("job-42")
 
-Every event is validated against its JSON Schema before it is sent: a bad report raises
-`schemas.SchemaError` naming the field and the broken rule, and nothing reaches the broker. Records are
-keyed by job id with the murmur2 partitioner, like the trace replayer, so a job's events stay in order on
-one partition. Live jobs send no checkpoint boundaries: the agent evaluates them on a timer.
+Every event is validated against its JSON Schema when it is reported: a bad report raises
+`schemas.SchemaError` naming the field and the broken rule, and nothing reaches the broker. Reports are
+gathered per job and sent as ``task_batch`` records, at most ``linger`` seconds after the first of them
+(or once ``max_batch`` are waiting, or at `flush`, `end_job` and `close`): one record per job per linger,
+not per task. Records are keyed by job id with the murmur2 partitioner, like the trace replayer, so a
+job's events stay in order on one partition. Live jobs send no checkpoint boundaries: the agent
+evaluates them on a timer.
 
 Delivery is asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises
 `straggler.kafka.config.DeliveryError` carrying every failed delivery, so no failure goes unnoticed.
@@ -24,6 +27,7 @@ Delivery is asynchronous (an idempotent producer, ``acks=all``); `flush` waits f
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
@@ -32,12 +36,16 @@ from typing import Any, Self, SupportsFloat, SupportsIndex
 
 from confluent_kafka import Producer
 
-from schemas import Event, JobEvent, TaskCheckpoint, encode
+from schemas import Event, JobEvent, TaskCheckpoint, encode, task_batches
 from schemas.events import TaskStatus
 from straggler.kafka.config import DeliveryCounter, DeliveryError, producer_config
 from straggler.kafka.names import TopicNames
 
 DEFAULT_FLUSH_SECONDS = 30.0
+DEFAULT_LINGER_SECONDS = 0.5
+"""Longest a report waits in the SDK for others of its job before its batch is sent."""
+DEFAULT_MAX_BATCH = 1000
+"""A job's batch is sent as soon as this many reports wait (records are cut within 64 KiB anyway)."""
 
 
 class TelemetryProducer:
@@ -45,7 +53,8 @@ class TelemetryProducer:
 
     ``source`` is written into every task checkpoint, so consumers can tell producers apart.
     Times (``at``, ``start_time``) are seconds on one clock shared by the whole cluster; by default
-    ``time.time()``.
+    ``time.time()``. ``linger`` and ``max_batch`` bound how long and how many reports of a job wait to
+    be sent together.
     """
 
     def __init__(
@@ -54,7 +63,11 @@ class TelemetryProducer:
         *,
         topics: TopicNames = TopicNames(),  # noqa: B008 - a frozen dataclass, safe as a default
         source: str = "sdk",
+        linger: float = DEFAULT_LINGER_SECONDS,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
+        if not linger > 0 or max_batch < 1:
+            raise ValueError(f"linger must be > 0 and max_batch >= 1, got {linger}, {max_batch}")
         config = dict(producer_config(bootstrap))
         config.setdefault("partitioner", "murmur2_random")
         self.topics = topics
@@ -63,6 +76,14 @@ class TelemetryProducer:
         self._deliveries = DeliveryCounter()
         self._errors_raised = 0
         self._closed = False
+        self.linger = linger
+        self.max_batch = max_batch
+        self._lock = threading.Lock()
+        self._waiting: dict[str, tuple[float, list[TaskCheckpoint]]] = {}
+        """Reports not sent yet, by job: (monotonic time of the first, the reports)."""
+        self._stop = threading.Event()
+        self._lingerer = threading.Thread(target=self._send_lingering, name="telemetry-linger", daemon=True)
+        self._lingerer.start()
 
     def start_job(
         self,
@@ -123,16 +144,27 @@ class TelemetryProducer:
             start_time=None if start_time is None else _number_or_value(start_time),
             source=self.source,
         )
-        self._send(self.topics.checkpoints, job_id, event)
+        encode(event)  # validates now: a bad report raises here, not when its batch is sent
+        if self._closed:
+            raise RuntimeError("TelemetryProducer is closed")
+        with self._lock:
+            _, reports = self._waiting.setdefault(job_id, (time.monotonic(), []))
+            reports.append(event)
+            full = len(reports) >= self.max_batch
+        if full:
+            self._send_batch(job_id)
 
     def end_job(self, job_id: str, *, at: float | None = None) -> None:
-        """Tell the pipeline the job is over, so its state can be dropped."""
+        """Tell the pipeline the job is over, so its state can be dropped (its waiting reports go first)."""
+        self._send_batch(job_id)
         self._send(self.topics.job_events, job_id, JobEvent(job_id=job_id, event="ended", time=_now(at)))
 
     def flush(self, timeout: float = DEFAULT_FLUSH_SECONDS) -> int:
         """Wait up to ``timeout`` seconds for every report to be delivered; return how many are still
         pending (0 when all are delivered). Raises `DeliveryError` with the errors of every delivery
-        that failed since the last flush."""
+        that failed since the last flush. Reports still waiting for their linger are sent first."""
+        for job_id in list(self._waiting):
+            self._send_batch(job_id)
         remaining = self._producer.flush(timeout)
         errors = self._deliveries.errors[self._errors_raised :]
         if errors:
@@ -150,6 +182,8 @@ class TelemetryProducer:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        self._lingerer.join()
         remaining = self.flush(timeout)
         if remaining:
             raise RuntimeError(f"{remaining} telemetry record(s) still undelivered after {timeout:g} s")
@@ -172,7 +206,23 @@ class TelemetryProducer:
     def _send(self, topic: str, job_id: str, event: Event) -> None:
         if self._closed:
             raise RuntimeError("TelemetryProducer is closed")
-        payload = encode(event)  # validates: raises SchemaError before anything is queued
+        self._produce(topic, job_id, encode(event))  # encode validates before anything is queued
+
+    def _send_batch(self, job_id: str) -> None:
+        """Send the job's waiting reports as task_batch records (nothing if none wait)."""
+        with self._lock:
+            _, reports = self._waiting.pop(job_id, (0.0, []))
+            for payload in task_batches(job_id, reports, source=self.source) if reports else []:
+                self._produce(self.topics.checkpoints, job_id, payload)  # under the lock: in order
+
+    def _send_lingering(self) -> None:
+        """Background: send each job's batch once its first report has waited ``linger`` seconds."""
+        while not self._stop.wait(self.linger / 4):
+            due = time.monotonic() - self.linger
+            for job_id in [job for job, (since, _) in list(self._waiting.items()) if since <= due]:
+                self._send_batch(job_id)
+
+    def _produce(self, topic: str, job_id: str, payload: bytes) -> None:
         while True:
             try:
                 self._producer.produce(topic, payload, job_id.encode(), on_delivery=self._deliveries)

@@ -4,6 +4,14 @@ Producers publish only what `encode` accepts and consumers read only what `decod
 ``schemas/README.md`` for the event types and the versioning policy.
 """
 
+from schemas.batches import (
+    decode_each,
+    expand_predictions,
+    observations,
+    prediction_batches,
+    task_batches,
+    unbatched,
+)
 from schemas.codec import (
     DEAD_LETTER_MAX_ERROR_CHARS,
     DEAD_LETTER_MAX_RAW_BYTES,
@@ -12,6 +20,7 @@ from schemas.codec import (
     SchemaError,
     dead_letter_for,
     decode,
+    decode_object,
     encode,
     schema_document,
     validate,
@@ -25,7 +34,9 @@ from schemas.events import (
     Event,
     JobEvent,
     Prediction,
+    PredictionBatch,
     RelaunchCommand,
+    TaskBatch,
     TaskCheckpoint,
     command_id,
 )
@@ -43,13 +54,22 @@ __all__ = [
     "Event",
     "JobEvent",
     "Prediction",
+    "PredictionBatch",
     "RelaunchCommand",
     "SchemaError",
+    "TaskBatch",
     "TaskCheckpoint",
     "command_id",
     "dead_letter_for",
     "decode",
+    "decode_each",
+    "decode_object",
     "encode",
+    "expand_predictions",
+    "observations",
+    "prediction_batches",
     "schema_document",
+    "task_batches",
+    "unbatched",
     "validate",
 ]

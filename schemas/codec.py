@@ -57,6 +57,15 @@ class SchemaError(ValueError):
         super().__init__(message)
         self.field = field
         self.rule = rule
+        self.reason = reason
+        self.value = value
+
+    def moved(self, old_prefix: str, new_prefix: str) -> SchemaError:
+        """The same error for a field found under ``new_prefix`` (an observation inside a batch)."""
+        field = self.field
+        if field == old_prefix or field.startswith(old_prefix + "."):
+            field = new_prefix + field[len(old_prefix) :]
+        return SchemaError(field, self.rule, self.reason, self.value)
 
 
 Validator = Callable[..., Any]
@@ -145,6 +154,11 @@ def decode(payload: bytes | bytearray | memoryview | str | None) -> Event:
         obj = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
         raise SchemaError("payload", "json", f"is not valid JSON{_non_finite_hint(payload)}: {exc}") from None
+    return decode_object(obj)
+
+
+def decode_object(obj: Any) -> Event:
+    """Validate an already parsed JSON value and build its event (`decode` after the parse)."""
     event_type = _check_schema(obj)
     return EVENT_CLASSES[event_type].from_dict(obj)
 
@@ -263,11 +277,20 @@ def _schema_error(exc: fastjsonschema.JsonSchemaValueException) -> SchemaError:
 def _non_finite_path(obj: Mapping[str, Any], prefix: str) -> tuple[str, float] | None:
     """Path and value of the first NaN or infinity in ``obj`` (which the schemas cannot express)."""
     for key, value in obj.items():
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                return f"{prefix}.{key}", value
-        elif isinstance(value, dict):
-            found = _non_finite_path(value, f"{prefix}.{key}")
+        found = _non_finite_in(value, f"{prefix}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
+def _non_finite_in(value: Any, path: str) -> tuple[str, float] | None:
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        return _non_finite_path(value, path)
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _non_finite_in(item, f"{path}[{index}]")
             if found is not None:
                 return found
     return None

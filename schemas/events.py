@@ -17,8 +17,9 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal, Self, get_type_hints
 
 SCHEMA_VERSION = 1
-"""Version most events are written with today; `Prediction` and `RelaunchCommand` are at version 2
-(they name the task attempt). `schemas.codec` reads every version it ships a schema for."""
+"""Version most events are written with today; `RelaunchCommand` is at version 2 (it names the task
+attempt) and `Prediction` at 3 (it adds the straggle probability). `schemas.codec` reads every version
+it ships a schema for."""
 
 TaskStatus = Literal["running", "finished", "failed", "killed"]
 JobEventKind = Literal["started", "ended"]
@@ -82,6 +83,23 @@ class TaskCheckpoint(_EventBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TaskBatch(_EventBase):
+    """Many task observations of one job in one record; see `schemas.batches` to build and read it.
+
+    ``observations`` are task_checkpoint bodies (no type, version, job id or source), validated one by
+    one when read, so one bad observation does not cost the others."""
+
+    EVENT_TYPE: ClassVar[str] = "task_batch"
+
+    type: Literal["task_batch"] = "task_batch"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    observations: list[dict[str, Any]]
+    produced_at: float | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobEvent(_EventBase):
     """A job started (announcing its task count) or ended."""
 
@@ -136,7 +154,7 @@ class Prediction(_EventBase):
     EVENT_TYPE: ClassVar[str] = "prediction"
 
     type: Literal["prediction"] = "prediction"
-    schema_version: int = 2
+    schema_version: int = 3
     job_id: str
     task_id: str
     checkpoint_time: float
@@ -152,6 +170,41 @@ class Prediction(_EventBase):
     produced_at: float
     attempt: int | None = None
     """The attempt judged (version 2); None when read from a version-1 record."""
+    straggle_probability: float | None = None
+    """P(latency >= threshold) where the method estimates it (version 3)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PredictionBatch(_EventBase):
+    """A checkpoint's verdicts on one job, by column; the last part completes the checkpoint.
+
+    Build and read it with `schemas.batches` (`prediction_batches`, `expand_predictions`)."""
+
+    EVENT_TYPE: ClassVar[str] = "prediction_batch"
+
+    type: Literal["prediction_batch"] = "prediction_batch"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    checkpoint_time: float
+    method: str
+    model_version: int
+    threshold: float
+    evaluated: int
+    flagged: int
+    part: int
+    parts: int
+    boundary_produced_at: float | None
+    produced_at: float
+    flagged_tasks: list[str]
+    task_id: list[str]
+    attempt: list[int]
+    elapsed: list[float]
+    is_straggler: list[bool]
+    raw_latency: list[float | None]
+    adjusted_latency: list[float | None]
+    propensity: list[float | None]
+    weight: list[float | None]
+    straggle_probability: list[float | None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,10 +247,12 @@ class DeadLetter(_EventBase):
 
 Event = (
     TaskCheckpoint
+    | TaskBatch
     | JobEvent
     | CheckpointBoundary
     | CheckpointEvaluated
     | Prediction
+    | PredictionBatch
     | RelaunchCommand
     | DeadLetter
 )
@@ -206,10 +261,12 @@ EVENT_CLASSES: dict[str, type[Event]] = {
     cls.EVENT_TYPE: cls
     for cls in (
         TaskCheckpoint,
+        TaskBatch,
         JobEvent,
         CheckpointBoundary,
         CheckpointEvaluated,
         Prediction,
+        PredictionBatch,
         RelaunchCommand,
         DeadLetter,
     )

@@ -33,7 +33,7 @@ from schemas import (
     Prediction,
     RelaunchCommand,
     SchemaError,
-    decode,
+    decode_each,
     encode,
 )
 from straggler.core.metrics import confusion
@@ -133,18 +133,19 @@ def read_outputs(bootstrap: str, topics: TopicNames) -> Outputs:
     for topic in (topics.predictions, topics.commands, topics.dead_letters):
         for value in read_topic(bootstrap, topic):
             try:
-                event = decode(value)
+                events = decode_each(value)
             except SchemaError:
                 undecodable += 1
                 continue
-            if isinstance(event, Prediction):
-                predictions.append(event)
-            elif isinstance(event, CheckpointEvaluated):
-                markers.append(event)
-            elif isinstance(event, RelaunchCommand):
-                commands.append(event)
-            elif isinstance(event, DeadLetter):
-                letters.append(event)
+            for event in events:
+                if isinstance(event, Prediction):
+                    predictions.append(event)
+                elif isinstance(event, CheckpointEvaluated):
+                    markers.append(event)
+                elif isinstance(event, RelaunchCommand):
+                    commands.append(event)
+                elif isinstance(event, DeadLetter):
+                    letters.append(event)
     return Outputs(predictions, markers, commands, letters, undecodable)
 
 

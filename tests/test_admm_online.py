@@ -18,7 +18,7 @@ from jobs_for_tests import make_job
 from pipeline.admm_online import ConsensusRecord, OnlineAdmm, RoundMessage, table_changelog
 from pipeline.app import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
-from schemas import CheckpointEvaluated, decode
+from schemas import CheckpointEvaluated, decode_each
 from straggler.core.admm import (
     NodeData,
     fit_consensus,
@@ -134,7 +134,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
                 if last.rows == total and float(np.max(np.abs(last.z - before.z))) < 1e-10:
                     break
         elapsed = time.monotonic() - started
-        markers = [decode(v) for v in read_topic(kafka_bootstrap, topics.predictions)]
+        markers = [e for v in read_topic(kafka_bootstrap, topics.predictions) for e in decode_each(v)]
         messages = [RoundMessage.decode(v) for v in read_topic(kafka_bootstrap, topics.admm_online_exchange)]
     assert records, "no consensus round was published"
     final = records[-1]

@@ -36,9 +36,11 @@ from schemas import (
     CheckpointEvaluated,
     RelaunchCommand,
     SchemaError,
+    TaskBatch,
     TaskCheckpoint,
     decode,
     encode,
+    observations,
 )
 from straggler.core.jobstate import JobState, TaskStatus
 from straggler.core.online import Decision, OnlineJob
@@ -112,13 +114,19 @@ def test_every_bad_record_is_rejected_with_its_reason() -> None:
         if kind == "unknown-job":
             assert isinstance(decode(payload), TaskCheckpoint)  # valid: the agent's pending rule rejects it
             continue
+        if kind == "bad-in-batch":  # the batch is valid; its one observation is not
+            batch = decode(payload)
+            assert isinstance(batch, TaskBatch)
+            (error_of_observation,) = observations(batch)
+            assert BAD_REASON[kind] in str(error_of_observation)
+            continue
         with pytest.raises(SchemaError) as error:
             decode(payload)
         assert BAD_REASON[kind] in str(error.value), kind
 
 
 def test_the_repeated_stream_holds_duplicates_late_running_events_and_old_boundaries() -> None:
-    records = stream_events([make_job(60, seed=2, job_id="j")], TopicNames("x-"))
+    records = stream_events([make_job(60, seed=2, job_id="j")], TopicNames("x-"), batch=False)
     repeated, faults = with_repeats(records)
     assert faults > len(records)
     events = [decode(value) for _, _, value in repeated]
@@ -201,7 +209,7 @@ def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> list[bytes]
             by_time.setdefault(d.checkpoint_time, []).append(d)
     median = float(np.median(trace.latency))
     out: list[bytes] = []
-    for _, _, value in stream_events([trace], TopicNames("x-")):
+    for _, _, value in stream_events([trace], TopicNames("x-"), batch=False):
         event = decode(value)
         out.append(value)
         slow = isinstance(event, TaskCheckpoint) and (event.latency or 0.0) > median

@@ -44,8 +44,8 @@ def trace() -> JobTrace:
 
 
 def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobStore]]:
-    """Feed the job's task events through a store (every row written, as the agent would) and yield
-    before each checkpoint is evaluated."""
+    """Feed the job's task events through a store (each checkpoint's changes as one row, as the agent
+    writes a batch of them) and yield before each checkpoint is evaluated."""
     store = store_over(tables)
     store.start(trace.job_id, trace.expected_tasks, list(trace.feature_names), live=False)
     for _k, t, finished, gone, running, features in trace.checkpoint_events():
@@ -54,6 +54,7 @@ def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobSto
         observe_interval(job.state, trace, t, finished, gone, running, features)
         for task_id in job.state.tasks:
             store.put_task(job, task_id)
+        store.write_changes(trace.job_id)  # one row per input record, as the agent writes a batch
         yield t, store
 
 

@@ -18,7 +18,7 @@ from jobs_for_tests import make_job
 
 from producers.replayer import TraceReplayer
 from producers.telemetry import TelemetryProducer
-from schemas import CheckpointEvaluated, DeadLetter, Prediction, RelaunchCommand, command_id, decode
+from schemas import CheckpointEvaluated, DeadLetter, Prediction, RelaunchCommand, command_id, decode_each
 from straggler.core.policies import Unlimited
 from straggler.evaluation import EvaluationConfig, replay_decisions
 from straggler.kafka.config import producer_config
@@ -63,7 +63,7 @@ def pipeline(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def _events(pipeline: Pipeline, topic: str) -> list[object]:
-    return [decode(v) for v in read_topic(pipeline.bootstrap, topic)]
+    return [e for v in read_topic(pipeline.bootstrap, topic) for e in decode_each(v)]
 
 
 def _wait_for(pipeline: Pipeline, topic: str, done: object, timeout: float = 180.0) -> list[object]:

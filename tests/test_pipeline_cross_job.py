@@ -11,7 +11,7 @@ import pytest
 from jobs_for_tests import make_job
 
 from producers.replayer import TraceReplayer
-from schemas import CheckpointEvaluated, Prediction, decode
+from schemas import CheckpointEvaluated, Prediction, decode_each
 from straggler.core.registry import load_trained_method, make_method, save_trained_method
 from straggler.evaluation import EvaluationConfig, replay_decisions
 from straggler.kafka.names import TopicNames
@@ -65,7 +65,7 @@ def test_a_trained_admm_model_decides_the_same_in_the_stream_and_offline(
         expected = {(t.job_id, float(c)) for t in traces for c in t.checkpoints}
         deadline = time.monotonic() + 180
         while True:
-            events = [decode(v) for v in read_topic(kafka_bootstrap, topics.predictions)]
+            events = [e for v in read_topic(kafka_bootstrap, topics.predictions) for e in decode_each(v)]
             seen = {(e.job_id, e.checkpoint_time) for e in events if isinstance(e, CheckpointEvaluated)}
             if expected <= seen or time.monotonic() > deadline:
                 break

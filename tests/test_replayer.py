@@ -30,6 +30,7 @@ from schemas import (
     TaskCheckpoint,
     command_id,
     decode,
+    decode_each,
     encode,
 )
 from straggler.core.scheduling import relaunch_latencies
@@ -57,7 +58,7 @@ class Record:
 
 
 def read_topics(bootstrap: str, topics: list[str]) -> list[Record]:
-    """Every record of ``topics`` from the beginning to the current end, decoded."""
+    """Every record of ``topics`` from the beginning to the current end, decoded (batches unbatched)."""
     consumer = Consumer(
         {**consumer_config(bootstrap, f"reader-{uuid.uuid4().hex}"), "enable.partition.eof": True}
     )
@@ -82,9 +83,10 @@ def read_topics(bootstrap: str, topics: list[str]) -> list[Record]:
                     continue
                 key = message.key()
                 assert isinstance(key, bytes)
-                records.append(
-                    Record(name, partition, offset, key, message.timestamp()[1], decode(message.value()))
-                )
+                records += [  # a batch's observations share its offset, in the batch's order
+                    Record(name, partition, offset, key, message.timestamp()[1], event)
+                    for event in decode_each(message.value())
+                ]
         return records
     finally:
         consumer.close()
@@ -265,7 +267,11 @@ def test_open_loop_replay_follows_the_protocol(kafka_bootstrap: str, fresh_topic
 
     records = read_topics(kafka_bootstrap, [topics.checkpoints, topics.job_events])
     assert result.delivery_failures == 0
-    assert result.events_produced == len(records)
+    assert result.events_produced == len({(r.topic, r.partition, r.offset) for r in records})
+    observed = [r for r in records if isinstance(r.event, TaskCheckpoint)]
+    assert result.observations_produced == len(observed)
+    batched = {(r.topic, r.partition, r.offset) for r in observed}
+    assert len(batched) < len(observed) / 3, "each checkpoint's observations go as a few task_batch records"
     assert result.instants == len(np.union1d(traces[0].checkpoints, traces[1].checkpoints))
     assert {r.key for r in records} == {b"job-a", b"job-b"}
     for trace in traces:

@@ -33,8 +33,10 @@ from schemas import (
     Event,
     JobEvent,
     Prediction,
+    PredictionBatch,
     RelaunchCommand,
     SchemaError,
+    TaskBatch,
     TaskCheckpoint,
     command_id,
     dead_letter_for,
@@ -81,6 +83,16 @@ SAMPLES: list[Event] = [
     TaskCheckpoint(
         job_id="j", task_id="t", attempt=0, checkpoint_time=5.5, status="killed", machine_id="m", features={}
     ),
+    TaskBatch(
+        job_id="job-7",
+        observations=[
+            {"task_id": "t1", "attempt": 0, "checkpoint_time": 60.0, "status": "running", "machine_id": "m",
+             "features": {"cpu": 0.5}},
+        ],
+        produced_at=1.7e9,
+        source="sdk",
+    ),
+    TaskBatch(job_id="job-7", observations=[]),
     STARTED,
     JobEvent(job_id="job-7", event="ended", time=900.0),
     JobEvent(job_id="job-7", event="started", time=1.0, expected_tasks=3, feature_names=["cpu", "io"]),
@@ -137,6 +149,29 @@ SAMPLES: list[Event] = [
         model_version=0,
         elapsed=90.0,
         produced_at=1.7e9,
+    ),
+    PredictionBatch(
+        job_id="job-7",
+        checkpoint_time=120.0,
+        method="nurd",
+        model_version=3,
+        threshold=150.0,
+        evaluated=2,
+        flagged=1,
+        part=0,
+        parts=1,
+        boundary_produced_at=1.7e9,
+        produced_at=1.7e9 + 0.05,
+        flagged_tasks=["task-4"],
+        task_id=["task-4", "task-5"],
+        attempt=[0, 1],
+        elapsed=[90.0, 30.0],
+        is_straggler=[True, False],
+        raw_latency=[80.0, None],
+        adjusted_latency=[160.0, None],
+        propensity=[0.4, None],
+        weight=[0.5, None],
+        straggle_probability=[0.8, None],
     ),
     RelaunchCommand(
         command_id=command_id("job-7", "task-4", "relaunch", 3),
@@ -199,7 +234,10 @@ def _value_violations(schema: dict[str, Any], valid: Any) -> Iterator[tuple[str,
             item = next(iter(valid.values()))
             yield "", keyword, {f"key{i}": item for i in range(limit + 1)}
         elif keyword == "maxItems":
-            yield "", keyword, [f"{valid[0]}{i}" for i in range(limit + 1)]
+            if isinstance(valid[0], dict):  # the smallest object, so the list stays within 64 KiB
+                yield "", keyword, [{} for _ in range(limit + 1)]
+            else:
+                yield "", keyword, [f"{valid[0]}{i}" for i in range(limit + 1)]
         elif keyword == "uniqueItems" and limit is True:
             yield "", keyword, [valid[0], valid[0]]
         elif keyword == "items":
@@ -758,9 +796,19 @@ def test_command_id_is_stable_and_unambiguous() -> None:
     "event", [SAMPLES[i] for i, e in enumerate(SAMPLES) if e.type in ("prediction", "relaunch_command")]
 )
 def test_version_1_records_still_decode_and_version_2_names_the_attempt(event: Any) -> None:
-    written = {**event.to_dict(), "attempt": 2}
-    assert written["schema_version"] == 2 and decode(orjson.dumps(written)).attempt == 2
-    old = {k: v for k, v in event.to_dict().items() if k != "attempt"} | {"schema_version": 1}
+    body = {k: v for k, v in event.to_dict().items() if k != "straggle_probability"}
+    written = {**body, "attempt": 2, "schema_version": 2}
+    assert decode(orjson.dumps(written)).attempt == 2
+    old = {k: v for k, v in body.items() if k != "attempt"} | {"schema_version": 1}
     assert decode(orjson.dumps(old)).attempt is None
     with pytest.raises(SchemaError, match="unknown field"):
         decode(orjson.dumps(old | {"attempt": 0}))  # version 1 has no attempt
+
+
+def test_prediction_version_3_adds_the_straggle_probability_and_version_2_has_none() -> None:
+    body = {**next(e for e in SAMPLES if e.type == "prediction").to_dict(), "attempt": 1}
+    assert decode(orjson.dumps(body | {"straggle_probability": 0.75})).straggle_probability == 0.75
+    with pytest.raises(SchemaError, match="unknown field"):
+        decode(orjson.dumps(body | {"schema_version": 2, "straggle_probability": 0.75}))
+    with pytest.raises(SchemaError, match="must be <= 1"):
+        decode(orjson.dumps(body | {"straggle_probability": 1.5}))

@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from producers.telemetry import TelemetryProducer
-from schemas import Event, JobEvent, SchemaError, TaskCheckpoint, decode
+from schemas import Event, JobEvent, SchemaError, TaskCheckpoint, decode_each
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
@@ -45,7 +45,7 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, Event]]:
                     continue
                 key = message.key()
                 assert key is None or isinstance(key, bytes)
-                records.append((partition, offset, key, decode(message.value())))
+                records += [(partition, offset, key, event) for event in decode_each(message.value())]
         return [(key, event) for _, _, key, event in sorted(records, key=lambda r: r[:2])]
     finally:
         consumer.close()
@@ -64,7 +64,7 @@ def test_reports_round_trip_through_the_broker(kafka_bootstrap: str, fresh_topic
         )
         telemetry.report("live-1", "b", {}, "killed", at=126.0)
         telemetry.end_job("live-1", at=130.0)
-    assert telemetry.delivered == 5
+    assert telemetry.delivered == 3, "start, one task_batch of the three reports, end"
 
     jobs = read_all(kafka_bootstrap, topics.job_events)
     assert [key for key, _ in jobs] == [b"live-1", b"live-1"]
@@ -108,6 +108,34 @@ def test_reports_round_trip_through_the_broker(kafka_bootstrap: str, fresh_topic
             source="test-sdk",
         ),
     ]
+
+
+def test_reports_wait_at_most_the_linger_then_go_as_one_batch(
+    kafka_bootstrap: str, fresh_topic_prefix: str
+) -> None:
+    create_topics(kafka_bootstrap, partitions=3, prefix=fresh_topic_prefix)
+    topics = TopicNames(fresh_topic_prefix)
+    with TelemetryProducer(kafka_bootstrap, topics=topics, linger=0.2) as telemetry:
+        telemetry.start_job("live-2", expected_tasks=5, at=100.0)
+        assert telemetry.delivered == 1
+        for i in range(5):
+            telemetry.report("live-2", f"t{i}", {"cpu": 0.1 * i}, start_time=90.0, at=110.0)
+        deadline = time.monotonic() + 30.0  # no flush: only the linger thread can send them
+        while telemetry.delivered < 2 and time.monotonic() < deadline:
+            telemetry._producer.poll(0.05)
+        assert telemetry.delivered == 2, "the five reports were not sent as one record after the linger"
+    tasks = read_all(kafka_bootstrap, topics.checkpoints)
+    assert [event.task_id for _, event in tasks] == [f"t{i}" for i in range(5)]  # type: ignore[union-attr]
+
+
+def test_a_full_batch_goes_without_waiting(kafka_bootstrap: str, fresh_topic_prefix: str) -> None:
+    create_topics(kafka_bootstrap, partitions=3, prefix=fresh_topic_prefix)
+    topics = TopicNames(fresh_topic_prefix)
+    with TelemetryProducer(kafka_bootstrap, topics=topics, linger=3600.0, max_batch=3) as telemetry:
+        for i in range(7):
+            telemetry.report("live-3", f"t{i}", {"cpu": 0.5}, at=110.0)
+        assert telemetry.flush() == 0
+        assert telemetry.delivered == 3, "two full batches of 3, then the last report at the flush"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,148 @@
+"""Batched records: observations and verdicts survive the round trip, parts fit 64 KiB, bad items alone."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from schemas import (
+    MAX_PAYLOAD_BYTES,
+    CheckpointEvaluated,
+    Prediction,
+    PredictionBatch,
+    SchemaError,
+    TaskBatch,
+    TaskCheckpoint,
+    decode,
+    expand_predictions,
+    observations,
+    prediction_batches,
+    task_batches,
+)
+
+
+def _running(i: int, job: str = "job-1") -> TaskCheckpoint:
+    return TaskCheckpoint(
+        job_id=job,
+        task_id=f"task-{i:05d}",
+        attempt=i % 3,
+        checkpoint_time=600.0,
+        status="running",
+        machine_id=f"m-{i % 50}",
+        features={f"f{k}": float(i * k) / 7 for k in range(9)},
+        start_time=float(i % 500),
+        source="replayer",
+    )
+
+
+def _prediction(i: int, flag: bool) -> Prediction:
+    return Prediction(
+        job_id="job-1",
+        task_id=f"task-{i:05d}",
+        checkpoint_time=600.0,
+        raw_latency=100.0 + i,
+        adjusted_latency=None if i % 2 else 130.0 + i / 3,
+        propensity=0.25,
+        weight=None,
+        threshold=150.0,
+        is_straggler=flag,
+        method="nurd",
+        model_version=4,
+        elapsed=float(i % 300),
+        produced_at=1.7e9,
+        attempt=i % 2,
+        straggle_probability=0.9 if flag else 0.05,
+    )
+
+
+def test_observations_survive_a_batch_in_order_and_parts_fit_the_limit() -> None:
+    events = [_running(i) for i in range(1500)]
+    payloads = task_batches("job-1", events, source="replayer")
+    assert len(payloads) > 1 and all(len(p) <= MAX_PAYLOAD_BYTES for p in payloads)
+    read = [obs for p in payloads for obs in observations(_batch(p))]
+    assert read == events
+
+
+def test_a_bad_observation_is_reported_alone_with_its_index() -> None:
+    good = _running(1).to_dict()
+    body = {k: v for k, v in good.items() if k not in ("type", "schema_version", "job_id", "source")}
+    bad_latency = body | {"status": "finished", "latency": -1.0}
+    batch = TaskBatch(job_id="job-1", observations=[body, bad_latency, body | {"job_id": "other"}, body])
+    read = observations(decode(orjson.dumps(batch.to_dict())))  # type: ignore[arg-type]
+    assert isinstance(read[0], TaskCheckpoint) and isinstance(read[3], TaskCheckpoint)
+    assert isinstance(read[1], SchemaError) and read[1].field == "task_batch.observations[1].latency"
+    assert isinstance(read[2], SchemaError) and read[2].field == "task_batch.observations[2].job_id"
+
+
+def test_a_producer_cannot_batch_an_invalid_observation_or_another_job() -> None:
+    with pytest.raises(SchemaError, match="latency"):
+        task_batches("job-1", [TaskCheckpoint(**{**_running(1).to_dict(), "status": "finished"})])
+    with pytest.raises(ValueError, match="job"):
+        task_batches("job-1", [_running(1, job="job-2")])
+
+
+def test_verdicts_and_marker_survive_the_parts() -> None:
+    predictions = [_prediction(i, flag=i % 97 == 0) for i in range(2000)]
+    marker = CheckpointEvaluated(
+        job_id="job-1",
+        checkpoint_time=600.0,
+        evaluated=2000,
+        flagged=sum(p.is_straggler for p in predictions),
+        model_version=4,
+        boundary_produced_at=1.6e9,
+        produced_at=1.7e9,
+    )
+    payloads = prediction_batches(predictions, marker)
+    assert len(payloads) > 1 and all(len(p) <= MAX_PAYLOAD_BYTES for p in payloads)
+    read: list[Prediction] = []
+    markers = []
+    for payload in payloads:
+        batch = decode(payload)
+        assert isinstance(batch, PredictionBatch)
+        assert batch.flagged_tasks == [t for t, f in zip(batch.task_id, batch.is_straggler, strict=True) if f]
+        part, end = expand_predictions(batch)
+        read += part
+        markers.append(end)
+    assert read == predictions
+    assert markers[:-1] == [None] * (len(payloads) - 1) and markers[-1] == marker
+
+
+def test_an_empty_checkpoint_still_sends_its_marker() -> None:
+    marker = CheckpointEvaluated(
+        job_id="job-1",
+        checkpoint_time=60.0,
+        evaluated=0,
+        flagged=0,
+        model_version=0,
+        boundary_produced_at=None,
+        produced_at=1.7e9,
+    )
+    (payload,) = prediction_batches([], marker)
+    batch = decode(payload)
+    assert isinstance(batch, PredictionBatch)
+    assert expand_predictions(batch) == ([], marker)
+
+
+def test_columns_of_different_lengths_are_rejected() -> None:
+    marker = CheckpointEvaluated(
+        job_id="job-1",
+        checkpoint_time=600.0,
+        evaluated=2,
+        flagged=0,
+        model_version=4,
+        boundary_produced_at=None,
+        produced_at=1.7e9,
+    )
+    (payload,) = prediction_batches([_prediction(1, False), _prediction(2, False)], marker)
+    obj = orjson.loads(payload)
+    obj["weight"] = [None]
+    batch = decode(orjson.dumps(obj))
+    assert isinstance(batch, PredictionBatch)
+    with pytest.raises(SchemaError, match="columns differ"):
+        expand_predictions(batch)
+
+
+def _batch(payload: bytes) -> TaskBatch:
+    batch = decode(payload)
+    assert isinstance(batch, TaskBatch)
+    return batch
