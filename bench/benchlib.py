@@ -148,6 +148,7 @@ class GroupProgress:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
         self.partitions = [TopicPartition(topic, p) for topic, p in partitions]
         self.last = 0
+        self.last_by_partition: dict[tuple[str, int], int] = {}
 
     def committed(self) -> int:
         """Sum of committed offsets (0 where nothing is committed yet).
@@ -155,15 +156,21 @@ class GroupProgress:
         While the group's coordinator is being chosen or loaded the broker answers with a retriable
         error; the last known sum is returned then, and the caller polls again.
         """
+        self.last = sum(self.by_partition().values())
+        return self.last
+
+    def by_partition(self) -> dict[tuple[str, int], int]:
+        """Committed offset per partition (0 where nothing is committed yet; the last known values
+        while the coordinator is not ready)."""
         try:
             found = self.consumer.committed(self.partitions, timeout=10)
         except KafkaException as exc:
             error = exc.args[0]
             if isinstance(error, KafkaError) and (error.retriable() or error.code() in _NOT_READY):
-                return self.last
+                return self.last_by_partition
             raise
-        self.last = sum(max(tp.offset, 0) for tp in found)
-        return self.last
+        self.last_by_partition = {(tp.topic, tp.partition): max(tp.offset, 0) for tp in found}
+        return self.last_by_partition
 
     def close(self) -> None:
         self.consumer.close()

@@ -189,7 +189,7 @@ class MitigationState:
             return [] if marker is None else self._on_marker(marker, partition)
         if isinstance(event, TaskBatch):
             outputs: list[Output] = []
-            for observation in observations(event):  # the agent letters the bad ones
+            for observation in observations(event, msg_value):  # the agent letters the bad ones
                 if isinstance(observation, TaskCheckpoint):
                     outputs += self._on_task_checkpoint(observation, partition)
             return outputs

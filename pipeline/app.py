@@ -304,7 +304,8 @@ def create_app(settings: WorkerSettings) -> faust.App:
     async def valid_observations(event: EventT, batch: TaskBatch) -> list[TaskCheckpoint]:
         """The batch's valid observations; each invalid one is dead-lettered alone, with its reason."""
         valid = []
-        for body, observation in zip(batch.observations, observations(batch), strict=True):
+        payload = event.message.value
+        for body, observation in zip(batch.observations, observations(batch, payload), strict=True):
             if isinstance(observation, SchemaError):
                 await dead_letter(event, observation, payload=orjson.dumps(body))
             else:

@@ -192,6 +192,7 @@ class JobStore:
                 job.state.flagged.pop(task_id, None)
                 if flagged_at is not None and evaluated is not None and flagged_at <= evaluated:
                     job.state.flagged[task_id] = flagged_at  # later flags: an uncommitted checkpoint
+        job.state.forget_views()
         job.model_version = meta.model_version
         job.fitted_on = meta.fitted_on
         job.calibrated = meta.calibrated

@@ -290,9 +290,13 @@ def _non_finite_in(value: Any, path: str) -> tuple[str, float] | None:
         return _non_finite_path(value, path)
     if isinstance(value, list):
         for index, item in enumerate(value):
-            found = _non_finite_in(item, f"{path}[{index}]")
-            if found is not None:
-                return found
+            if type(item) is float:
+                if item - item != 0.0:  # NaN or an infinity; cheaper than math.isfinite per item
+                    return f"{path}[{index}]", item
+            elif isinstance(item, dict | list | float):
+                found = _non_finite_in(item, f"{path}[{index}]")
+                if found is not None:
+                    return found
     return None
 
 

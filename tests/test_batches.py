@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 
@@ -19,6 +21,7 @@ from schemas import (
     prediction_batches,
     task_batches,
 )
+from schemas.batches import _fast_observations
 
 
 def _running(i: int, job: str = "job-1") -> TaskCheckpoint:
@@ -146,3 +149,43 @@ def _batch(payload: bytes) -> TaskBatch:
     batch = decode(payload)
     assert isinstance(batch, TaskBatch)
     return batch
+
+
+def _body(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k not in ("type", "schema_version", "job_id", "source")}
+
+
+def _rule_violations_of_task_checkpoint() -> list[Any]:
+    """Every task_checkpoint rule case of tests/test_schemas.py, as the body of a one-item batch."""
+    from test_schemas import _rule_cases  # the generator walks the shipped schema files
+
+    bodies = []
+    for case in _rule_cases():
+        obj, field, _, _ = case.values
+        if not field.startswith("task_checkpoint.") or not isinstance(obj, dict):
+            continue
+        if field.split(".")[1] in ("type", "schema_version", "job_id", "source"):
+            continue  # set once per batch, not per observation
+        bodies.append(pytest.param(_body(obj), id=case.id))
+    return bodies
+
+
+@pytest.mark.parametrize("body", _rule_violations_of_task_checkpoint())
+def test_the_fast_path_accepts_nothing_the_schema_rejects(body: dict[str, Any]) -> None:
+    payload = orjson.dumps({"type": "task_batch", "schema_version": 1, "job_id": "j", "observations": [body]})
+    batch = decode(payload)
+    assert isinstance(batch, TaskBatch)
+    assert _fast_observations(payload) is None
+    (slow,) = observations(batch, payload)  # falls back to the schema, which names the error
+    assert isinstance(slow, SchemaError)
+
+
+def test_the_fast_path_reads_valid_batches_as_the_schema_does() -> None:
+    events = [_running(i) for i in range(300)] + [
+        TaskCheckpoint(**{**_running(7).to_dict(), "status": "finished", "latency": 12.5}),
+        TaskCheckpoint(**{**_running(8).to_dict(), "status": "killed"}),
+    ]
+    for payload in task_batches("job-1", events, source="replayer"):
+        batch = _batch(payload)
+        fast = _fast_observations(payload)
+        assert fast is not None and fast == observations(batch)  # same events either way

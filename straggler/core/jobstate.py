@@ -46,6 +46,15 @@ class JobState:
     tasks: dict[str, TaskRecord] = field(default_factory=dict)
     flagged: dict[str, float] = field(default_factory=dict)
     """Task id -> checkpoint time at which it was predicted to straggle (never evaluated again)."""
+    _finished_view: tuple[list[str], FloatArray, FloatArray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    """`finished()` as last built; dropped whenever the finished set changes (every checkpoint asks
+    for it, and most checkpoints of a large job add few finishes)."""
+
+    def forget_views(self) -> None:
+        """Call after writing ``tasks`` directly (a rebuild from a changelog)."""
+        self._finished_view = None
 
     def _check(self, features: FloatArray) -> FloatArray:
         x = np.asarray(features, dtype=np.float64).reshape(-1)
@@ -64,6 +73,8 @@ class JobState:
             same_attempt = attempt == record.attempt
             if same_attempt and (record.status != TaskStatus.RUNNING or observed_at < record.observed_at):
                 return False
+            if record.status == TaskStatus.FINISHED:
+                self._finished_view = None  # a new attempt of a finished task runs again
         self.tasks[task_id] = TaskRecord(
             TaskStatus.RUNNING, self._check(features), start, observed_at, attempt
         )
@@ -84,6 +95,7 @@ class JobState:
         self.tasks[task_id] = TaskRecord(
             TaskStatus.FINISHED, self._check(features), start, observed_at, attempt, float(latency)
         )
+        self._finished_view = None
         return True
 
     def observe_gone(self, task_id: str, observed_at: float, attempt: int = 0) -> bool:
@@ -103,15 +115,21 @@ class JobState:
         """(ids, features, latencies) of the finished tasks, ordered by (finish time, task id).
 
         A canonical order, not insertion order: a state rebuilt from a changelog must train models
-        on exactly the same arrays as the state it replaces.
+        on exactly the same arrays as the state it replaces. The arrays are shared between calls until
+        the finished set changes: callers must not modify them.
         """
-        ids = sorted(
-            (t for t, r in self.tasks.items() if r.status == TaskStatus.FINISHED),
-            key=lambda t: (self.tasks[t].observed_at, t),
-        )
-        X = np.array([self.tasks[t].features for t in ids]).reshape(len(ids), self.n_features)
-        y = np.array([self.tasks[t].latency for t in ids], dtype=np.float64)
-        return ids, X, y
+        if self._finished_view is None:
+            ids = sorted(
+                (t for t, r in self.tasks.items() if r.status == TaskStatus.FINISHED),
+                key=lambda t: (self.tasks[t].observed_at, t),
+            )
+            X = np.array([self.tasks[t].features for t in ids]).reshape(len(ids), self.n_features)
+            y = np.array([self.tasks[t].latency for t in ids], dtype=np.float64)
+            X.setflags(write=False)
+            y.setflags(write=False)
+            self._finished_view = (ids, X, y)
+        ids, X, y = self._finished_view
+        return list(ids), X, y
 
     def running(self, at: float, *, unflagged_only: bool = True) -> tuple[list[str], FloatArray, FloatArray]:
         """(ids, features, elapsed at ``at``) of the running tasks, ordered by (start, task id)."""
@@ -135,4 +153,4 @@ class JobState:
 
     @property
     def n_finished(self) -> int:
-        return sum(1 for r in self.tasks.values() if r.status == TaskStatus.FINISHED)
+        return len(self.finished()[0])
