@@ -86,8 +86,14 @@ SAMPLES: list[Event] = [
     TaskBatch(
         job_id="job-7",
         observations=[
-            {"task_id": "t1", "attempt": 0, "checkpoint_time": 60.0, "status": "running", "machine_id": "m",
-             "features": {"cpu": 0.5}},
+            {
+                "task_id": "t1",
+                "attempt": 0,
+                "checkpoint_time": 60.0,
+                "status": "running",
+                "machine_id": "m",
+                "features": {"cpu": 0.5},
+            },
         ],
         produced_at=1.7e9,
         source="sdk",
