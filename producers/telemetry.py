@@ -219,7 +219,9 @@ class TelemetryProducer:
         """Background: send each job's batch once its first report has waited ``linger`` seconds."""
         while not self._stop.wait(self.linger / 4):
             due = time.monotonic() - self.linger
-            for job_id in [job for job, (since, _) in list(self._waiting.items()) if since <= due]:
+            with self._lock:  # report() adds to the dict from the caller's thread
+                lingering = [job for job, (since, _) in self._waiting.items() if since <= due]
+            for job_id in lingering:
                 self._send_batch(job_id)
 
     def _produce(self, topic: str, job_id: str, payload: bytes) -> None:

@@ -64,7 +64,7 @@ class _Batch(msgspec.Struct, forbid_unknown_fields=True):
 _FAST_DECODER = msgspec.json.Decoder(_Batch)
 
 
-def _fast_observations(payload: bytes) -> list[TaskCheckpoint] | None:
+def _fast_observations(payload: bytes) -> list[TaskCheckpoint | SchemaError] | None:
     """Every observation of a task_batch record, if all are valid; None if any is not (or the record
     is not a batch), and the caller takes the per-observation path, which names each error.
 
@@ -75,7 +75,7 @@ def _fast_observations(payload: bytes) -> list[TaskCheckpoint] | None:
         batch = _FAST_DECODER.decode(payload)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    out = []
+    out: list[TaskCheckpoint | SchemaError] = []
     for o in batch.observations:
         if (o.status == "finished") != (o.latency is not None):
             return None
@@ -106,7 +106,7 @@ def observations(batch: TaskBatch, payload: bytes | None = None) -> list[TaskChe
     if payload is not None:
         fast = _fast_observations(payload)
         if fast is not None:
-            return list(fast)
+            return fast
     out: list[TaskCheckpoint | SchemaError] = []
     for index, body in enumerate(batch.observations):
         where = f"task_batch.observations[{index}]"

@@ -118,6 +118,11 @@ class JobState:
         on exactly the same arrays as the state it replaces. The arrays are shared between calls until
         the finished set changes: callers must not modify them.
         """
+        ids, X, y = self._finished()
+        return list(ids), X, y
+
+    def _finished(self) -> tuple[list[str], FloatArray, FloatArray]:
+        """The cached view `finished` returns (its id list not copied)."""
         if self._finished_view is None:
             ids = sorted(
                 (t for t, r in self.tasks.items() if r.status == TaskStatus.FINISHED),
@@ -128,8 +133,7 @@ class JobState:
             X.setflags(write=False)
             y.setflags(write=False)
             self._finished_view = (ids, X, y)
-        ids, X, y = self._finished_view
-        return list(ids), X, y
+        return self._finished_view
 
     def running(self, at: float, *, unflagged_only: bool = True) -> tuple[list[str], FloatArray, FloatArray]:
         """(ids, features, elapsed at ``at``) of the running tasks, ordered by (start, task id)."""
@@ -153,4 +157,4 @@ class JobState:
 
     @property
     def n_finished(self) -> int:
-        return len(self.finished()[0])
+        return len(self._finished()[0])
