@@ -1,3 +1,5 @@
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -48,3 +50,40 @@ def test_flagged_tasks_are_not_evaluated_again_and_bad_input_is_rejected() -> No
         state.observe_finished("b", np.array([1.0]), latency=float("nan"), observed_at=7.0)
     with pytest.raises(ValueError, match="expected 1 features"):
         state.observe_running("c", np.array([1.0, 2.0]), start=0.0, observed_at=5.0)
+
+
+def test_cached_views_equal_a_rebuild_after_any_sequence_of_events() -> None:
+    """The finished view is extended in place when new finishes come last, rebuilt otherwise, and
+    n_finished is counted as events arrive: after every event both must equal a rebuild from the
+    task records (out-of-order finishes, re-runs of finished tasks and newer attempts included)."""
+    rng = np.random.default_rng(3)
+    state = JobState("j", n_features=2, expected_tasks=40)
+    extended = []
+    extend = state._extended
+
+    def counting(*args: Any) -> Any:
+        result = extend(*args)
+        extended.append(result is not None)
+        return result
+
+    state._extended = counting  # type: ignore[method-assign,assignment]
+    for step in range(600):
+        task = f"t{rng.integers(40)}"
+        attempt = int(rng.integers(3))
+        at = float(step + rng.normal(0, 2))  # finishes sometimes arrive out of time order
+        kind = rng.choice(["running", "finished", "gone"], p=[0.45, 0.45, 0.1])
+        x = rng.normal(size=2)
+        if kind == "running":
+            state.observe_running(task, x, at - 5.0, at, attempt)
+        elif kind == "finished":
+            state.observe_finished(task, x, float(rng.uniform(0, 10)), at, attempt)
+        else:
+            state.observe_gone(task, at, attempt)
+        ids, X, y = state.finished()
+        fresh = JobState("j", n_features=2, expected_tasks=40, tasks=dict(state.tasks))
+        fresh_ids, fresh_X, fresh_y = fresh.finished()
+        assert ids == fresh_ids
+        assert np.array_equal(X, fresh_X) and np.array_equal(y, fresh_y)
+        assert state.n_finished == fresh.n_finished == len(fresh_ids)
+        assert not X.flags.writeable and not y.flags.writeable
+    assert sum(extended) >= 20 and not all(extended)  # both paths ran, each many times

@@ -8,6 +8,7 @@ resurrects a task that has finished, and an older checkpoint never overwrites a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -49,12 +50,20 @@ class JobState:
     _finished_view: tuple[list[str], FloatArray, FloatArray] | None = field(
         default=None, init=False, repr=False, compare=False
     )
-    """`finished()` as last built; dropped whenever the finished set changes (every checkpoint asks
-    for it, and most checkpoints of a large job add few finishes)."""
+    """`finished()` as last built (every checkpoint asks for it, and most checkpoints of a large job
+    add few finishes, mostly later than every earlier one: the view is then extended, not rebuilt)."""
+    _finished_since_view: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    """Tasks that entered the finished set since the view was built (none of them was in it)."""
+    _n_finished: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.forget_views()
 
     def forget_views(self) -> None:
         """Call after writing ``tasks`` directly (a rebuild from a changelog)."""
         self._finished_view = None
+        self._finished_since_view.clear()
+        self._n_finished = sum(r.status == TaskStatus.FINISHED for r in self.tasks.values())
 
     def _check(self, features: FloatArray) -> FloatArray:
         x = np.asarray(features, dtype=np.float64).reshape(-1)
@@ -73,8 +82,9 @@ class JobState:
             same_attempt = attempt == record.attempt
             if same_attempt and (record.status != TaskStatus.RUNNING or observed_at < record.observed_at):
                 return False
-            if record.status == TaskStatus.FINISHED:
-                self._finished_view = None  # a new attempt of a finished task runs again
+            if record.status == TaskStatus.FINISHED:  # a new attempt of a finished task runs again
+                self._finished_view = None
+                self._n_finished -= 1
         self.tasks[task_id] = TaskRecord(
             TaskStatus.RUNNING, self._check(features), start, observed_at, attempt
         )
@@ -95,7 +105,12 @@ class JobState:
         self.tasks[task_id] = TaskRecord(
             TaskStatus.FINISHED, self._check(features), start, observed_at, attempt, float(latency)
         )
-        self._finished_view = None
+        if record is not None and record.status == TaskStatus.FINISHED:  # an older attempt's finish
+            self._finished_view = None
+        else:
+            self._n_finished += 1
+            if self._finished_view is not None:
+                self._finished_since_view.append(task_id)
         return True
 
     def observe_gone(self, task_id: str, observed_at: float, attempt: int = 0) -> bool:
@@ -123,17 +138,37 @@ class JobState:
 
     def _finished(self) -> tuple[list[str], FloatArray, FloatArray]:
         """The cached view `finished` returns (its id list not copied)."""
-        if self._finished_view is None:
+        view = self._finished_view
+        if view is not None and self._finished_since_view:
+            view = self._finished_view = self._extended(view, self._finished_since_view)
+            self._finished_since_view = []
+        if view is None:
             ids = sorted(
                 (t for t, r in self.tasks.items() if r.status == TaskStatus.FINISHED),
                 key=lambda t: (self.tasks[t].observed_at, t),
             )
-            X = np.array([self.tasks[t].features for t in ids]).reshape(len(ids), self.n_features)
-            y = np.array([self.tasks[t].latency for t in ids], dtype=np.float64)
-            X.setflags(write=False)
-            y.setflags(write=False)
-            self._finished_view = (ids, X, y)
-        return self._finished_view
+            X, y = self._arrays(ids, lambda r: r.latency)
+            view = self._finished_view = (ids, _frozen(X), _frozen(y))
+            self._finished_since_view = []
+        return view
+
+    def _extended(
+        self, view: tuple[list[str], FloatArray, FloatArray], added: list[str]
+    ) -> tuple[list[str], FloatArray, FloatArray] | None:
+        """``view`` with the ``added`` finishes appended, or None if one of them sorts before its end."""
+        tasks = self.tasks
+        order = sorted(added, key=lambda t: (tasks[t].observed_at, t))
+        ids = view[0]
+        if ids and (tasks[order[0]].observed_at, order[0]) < (tasks[ids[-1]].observed_at, ids[-1]):
+            return None
+        X, y = self._arrays(order, lambda r: r.latency)
+        return ids + order, _frozen(np.concatenate([view[1], X])), _frozen(np.concatenate([view[2], y]))
+
+    def _arrays(self, ids: list[str], value: Callable[[TaskRecord], float]) -> tuple[FloatArray, FloatArray]:
+        """(features, value) of ``ids``, one row each."""
+        records = [self.tasks[t] for t in ids]
+        X = np.array([r.features for r in records]).reshape(len(ids), self.n_features)
+        return X, np.array([value(r) for r in records], dtype=np.float64)
 
     def running(self, at: float, *, unflagged_only: bool = True) -> tuple[list[str], FloatArray, FloatArray]:
         """(ids, features, elapsed at ``at``) of the running tasks, ordered by (start, task id)."""
@@ -157,4 +192,10 @@ class JobState:
 
     @property
     def n_finished(self) -> int:
-        return len(self._finished()[0])
+        return self._n_finished
+
+
+def _frozen(array: FloatArray) -> FloatArray:
+    """``array``, read-only: views are shared between callers."""
+    array.setflags(write=False)
+    return array

@@ -84,19 +84,27 @@ class OnlineJob:
         needed = max(self.min_finished, math.ceil(self.start_fraction * self.state.expected_tasks))
         return self.state.n_finished >= needed
 
-    def threshold_at(self, finished_latency: FloatArray, at: float) -> float:
+    def threshold_at(
+        self, finished_latency: FloatArray, at: float, running_elapsed: FloatArray | None = None
+    ) -> float:
+        """The threshold at ``at``; ``running_elapsed``: every running task's elapsed time, flagged
+        or not, in `JobState.running` order (computed here when not given)."""
         if self.fixed_threshold is not None:
             return self.fixed_threshold
-        _, _, elapsed_all = self.state.running(at, unflagged_only=False)
-        return online_threshold(finished_latency, elapsed_all, self.quantile).value
+        if running_elapsed is None:
+            _, _, running_elapsed = self.state.running(at, unflagged_only=False)
+        return online_threshold(finished_latency, running_elapsed, self.quantile).value
 
     def checkpoint(self, at: float) -> list[Decision]:
         """Evaluate the job at checkpoint time ``at``; returns one decision per evaluated task."""
         if not self.ready():
             return []
         finished_ids, X_fin, y_fin = self.state.finished()
-        ids, X_run, elapsed = self.state.running(at)
-        threshold = self.threshold_at(y_fin, at)
+        all_ids, X_all, elapsed_all = self.state.running(at, unflagged_only=False)
+        unflagged = [i for i, t in enumerate(all_ids) if t not in self.state.flagged]
+        ids = [all_ids[i] for i in unflagged]
+        X_run, elapsed = X_all[unflagged], elapsed_all[unflagged]
+        threshold = self.threshold_at(y_fin, at, elapsed_all)
         if not ids or not math.isfinite(threshold):
             return []
         tasks = self.state.tasks
