@@ -16,6 +16,7 @@ from confluent_kafka import KafkaException
 
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
+from straggler.metrics_export import add_metrics_arguments
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 EXIT_OK = 0
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the consumer in this process, without the supervisor that restarts it when stuck",
     )
+    add_metrics_arguments(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per transaction")
     p.set_defaults(func=_mitigate)
 
@@ -82,6 +84,8 @@ def _mitigate(args: argparse.Namespace) -> int:
         "transactional_id": args.transactional_id,
         "checkpoint_interval": args.checkpoint_seconds,
         "batch_size": args.batch_size,
+        "metrics_port": args.metrics_port,
+        "metrics_host": args.metrics_host,
     }
     try:
         consumer = MitigationConsumer(**options)  # validates the options before any child starts

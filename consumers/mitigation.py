@@ -65,6 +65,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from consumers.metrics import MitigationMetrics
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -88,6 +89,7 @@ from straggler.core.policies import MitigationPolicy
 from straggler.core.policy_spec import make_policy
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
+from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +380,8 @@ class MitigationConsumer:
         checkpoint_interval: float = 300.0,
         batch_size: int = 500,
         heartbeat: Callable[[], None] | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = DEFAULT_METRICS_HOST,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -395,6 +399,9 @@ class MitigationConsumer:
         self._stats = MitigationStats()
         self._last_input = time.monotonic()
         self._assigned = False
+        self.metrics = MitigationMetrics(lambda: self._stats)
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        """Where `run` serves ``self.metrics`` (None: nowhere, the registry is still kept)."""
 
     @property
     def inputs(self) -> list[str]:
@@ -423,6 +430,11 @@ class MitigationConsumer:
         """
         self._stats = MitigationStats()
         consumer = Consumer(self._consumer_config())
+        stop_serving = (
+            None
+            if self.metrics_port is None
+            else serve(self.metrics.registry, self.metrics_port, self.metrics_host)
+        )
         try:
             producer = Producer(self._producer_config())
             producer.init_transactions()  # fences an older instance and aborts what it left open
@@ -437,6 +449,7 @@ class MitigationConsumer:
                     if budget <= 0:
                         break
                 records = self._consume(consumer, budget)
+                self.metrics.sample_lag(consumer)
                 if records:
                     self._last_input = time.monotonic()
                     self._transact(consumer, producer, records)
@@ -448,6 +461,8 @@ class MitigationConsumer:
                         break
         finally:
             consumer.close()  # leaves the group at once, so the partitions move without a timeout
+            if stop_serving is not None:
+                stop_serving()
         return self._stats
 
     def _beat(self) -> None:
@@ -481,12 +496,14 @@ class MitigationConsumer:
         """One batch, one transaction: its commands, its dead letters and its input offsets."""
         state = self._state
         before = (state.predictions, state.checkpoints, state.commands, state.dead_letters)
+        produced: list[Output] = []
         producer.begin_transaction()
         try:
             for message in records:
                 outputs = self.process(
                     message.value(), message.topic() or "", message.partition() or 0, message.offset() or 0
                 )
+                produced += outputs
                 for output in outputs:
                     if isinstance(output, RelaunchCommand):
                         self._produce(producer, self.topics.commands, output.job_id.encode(), encode(output))
@@ -516,6 +533,7 @@ class MitigationConsumer:
         stats.checkpoints += state.checkpoints - before[1]
         stats.commands += state.commands - before[2]
         stats.dead_letters += state.dead_letters - before[3]
+        self.metrics.committed(produced, len(state.active_jobs))
         log.debug(
             "transaction %d: %d records, %d commands, %d dead letters",
             stats.transactions,

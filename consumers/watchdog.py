@@ -60,6 +60,7 @@ def _child(
     results: multiprocessing.Queue,
     idle_timeout: float | None,
     parent: int,
+    restarts: int = 0,
 ) -> None:
     """Run one consumer until stopped or idle; put its stats (or its error) on ``results``."""
     _die_with_parent()
@@ -74,6 +75,7 @@ def _child(
 
     try:
         consumer = MitigationConsumer(**options, heartbeat=heartbeat)
+        consumer.metrics.watchdog_restarts.inc(restarts)  # this child's endpoint carries on the count
         stats = consumer.run(stop=stop, idle_timeout=idle_timeout)
     except Exception as exc:  # reported to the supervisor, which decides
         results.put(("error", f"{type(exc).__name__}: {exc}"))
@@ -104,7 +106,7 @@ def supervise(
         beat = context.Value("d", time.monotonic(), lock=False)
         child = context.Process(
             target=_child,
-            args=(options, beat, results, idle_timeout, os.getpid()),
+            args=(options, beat, results, idle_timeout, os.getpid(), restarts),
             name="mitigation-consumer",
         )
         child.start()

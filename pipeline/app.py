@@ -33,6 +33,7 @@ from faust.types import EventT
 from pipeline.durability import acknowledged, drain_fully
 from pipeline.flow import keep_queued_records
 from pipeline.jobstore import JobStore, feature_vector, new_online_job
+from pipeline.metrics import WorkerMetrics, install_lag_sampler
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -239,6 +240,9 @@ def create_app(settings: WorkerSettings) -> faust.App:
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
     app.straggler_stats = stats  # type: ignore[attr-defined]
+    metrics = WorkerMetrics(stats, jobs=lambda: len(jobs))
+    app.straggler_metrics = metrics  # type: ignore[attr-defined]  # served by `straggler worker --metrics-port`
+    install_lag_sampler(app, metrics, {names.checkpoints, names.job_events})
 
     async def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         """The cache may hold jobs that are no longer ours, or miss changelog updates: drop it."""
@@ -250,6 +254,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
     async def dead_letter(event: EventT, error: str | BaseException, payload: bytes | None = None) -> None:
         """Letter the record of ``event`` (or ``payload``, one observation of its batch) with the reason."""
         stats.dead_letters += 1
+        metrics.dead_lettered(error)
         message = event.message
         raw = (message.value or b"") if payload is None else payload
         letter = dead_letter_for(raw, message.topic, message.partition, message.offset, error)
@@ -327,7 +332,9 @@ def create_app(settings: WorkerSettings) -> faust.App:
         if admm is not None:
             admm.prepare(job)  # the latest consensus weights
         # The order of writes is what makes a killed worker recover exactly (`pipeline.jobstore`).
+        version, started = job.model_version, time.perf_counter()
         decisions = store.evaluate(job_id, at)
+        refit = time.perf_counter() - started if job.model_version != version else None
         now = time.time()
         key = job_id.encode()
         marker = CheckpointEvaluated(
@@ -343,6 +350,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         for part in prediction_batches(verdicts, marker):
             await predictions.send(key=key, value=part)
         await acknowledged(app.producer)  # flags, model and predictions are on the broker
+        metrics.evaluated(decisions, refit, boundary_produced_at, time.time())
         store.record_evaluation(at, job, meta)
         await acknowledged(app.producer)  # so is the job row, before any later write of the job
         store.retire_models(job_id, keep=job.model_version)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from straggler.metrics_export import add_metrics_arguments
+
 
 def _worker(args: argparse.Namespace) -> int:
     from faust.worker import Worker
@@ -31,6 +33,10 @@ def _worker(args: argparse.Namespace) -> int:
         create_topics(settings)
     app = create_app(settings)
     logging.basicConfig(level=args.loglevel.upper())
+    if args.metrics_port is not None:
+        from straggler.metrics_export import serve
+
+        serve(app.straggler_metrics.registry, args.metrics_port, args.metrics_host)  # type: ignore[attr-defined]
     worker = Worker(app, loglevel=args.loglevel, quiet=True)
     worker.execute_from_commandline()
     return 0
@@ -61,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1",
     )
     p.add_argument("--seed", type=int, default=0)
+    add_metrics_arguments(p)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")
     p.add_argument("--loglevel", default="warning")
     p.set_defaults(func=_worker)

@@ -146,6 +146,7 @@ def _replay(args: argparse.Namespace) -> int:
         speed=args.speed,
         seed=args.seed,
         checkpoint_seconds=interval,
+        metrics_port=args.metrics_port,
     )
     print((args.out / "report.md").read_text())
     print(json.dumps(summary, indent=2))
@@ -160,6 +161,13 @@ def _register_replay(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--speed", type=float, default=0.0, help="1 = real time, 0 = as fast as possible")
     p.add_argument("--bootstrap", default=None, help="an existing broker (default: start an embedded one)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="Prometheus metrics of the worker at 127.0.0.1:PORT, of the mitigator at PORT+1 (default: off)",
+    )
     p.set_defaults(func=_replay)
 
 

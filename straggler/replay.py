@@ -210,8 +210,11 @@ def run_replay(
     seed: int = 0,
     checkpoint_seconds: float = 300.0,
     progress: bool = True,
+    metrics_port: int | None = None,
 ) -> dict[str, Any]:
-    """Replay ``traces`` through the whole pipeline; write ``summary.json`` and ``report.md`` in ``out``."""
+    """Replay ``traces`` through the whole pipeline; write ``summary.json`` and ``report.md`` in ``out``.
+
+    ``metrics_port``: the worker serves Prometheus metrics there, the mitigator at the next port."""
     from producers.replayer import TraceReplayer
     from straggler.kafka.embedded import embedded_kafka
     from straggler.kafka.topics import create_topics
@@ -225,6 +228,8 @@ def run_replay(
         create_topics(bootstrap, prefix=topics.prefix)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="straggler-replay-")))
         common = ["--bootstrap", bootstrap, "--topic-prefix", topics.prefix]
+        ports = {} if metrics_port is None else {"worker": metrics_port, "mitigate": metrics_port + 1}
+        metrics = {name: ["--metrics-port", str(port)] for name, port in ports.items()}
         stack.enter_context(
             child_process(
                 [
@@ -236,6 +241,7 @@ def run_replay(
                     str(seed),
                     "--datadir",
                     str(workdir / "faust"),
+                    *metrics.get("worker", []),
                 ],
                 out / "worker.log",
             )
@@ -251,6 +257,7 @@ def run_replay(
                     group,
                     "--checkpoint-seconds",
                     str(checkpoint_seconds),
+                    *metrics.get("mitigate", []),
                 ],
                 out / "mitigator.log",
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -80,3 +81,66 @@ def test_the_dockerfile_installs_in_a_plain_virtual_environment(tmp_path: Path) 
     ).stdout
     for command in ("broker", "topics", "worker", "mitigate", "produce", "replay", "evaluate"):
         assert command in help_text
+
+
+def _published_ports() -> list[tuple[str, str]]:
+    return [(name, str(port)) for name, service in SERVICES.items() for port in service.get("ports", [])]
+
+
+def test_every_published_port_is_bound_to_the_loopback_interface() -> None:
+    published = _published_ports()
+    assert {"kafka", "prometheus", "grafana"} <= {name for name, _ in published}
+    for name, port in published:
+        assert port.startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+
+
+def _mounts(service: str) -> dict[str, Path]:
+    """Container path -> the repository path compose mounts there (every one must exist)."""
+    mounts = {}
+    for volume in SERVICES[service]["volumes"]:
+        source, target, *_ = volume.split(":")
+        assert source.startswith("./"), f"{service} mounts {source}, not a file of the repository"
+        assert (ROOT / source).exists(), f"{service} mounts {source}, which is missing"
+        mounts[target] = ROOT / source
+    return mounts
+
+
+def test_prometheus_scrapes_the_metrics_ports_the_worker_and_mitigator_serve() -> None:
+    prometheus = SERVICES["prometheus"]
+    assert prometheus["image"].startswith("prom/prometheus:v")
+    flag = next(arg for arg in prometheus["command"] if arg.startswith("--config.file="))
+    config = yaml.safe_load(_mounts("prometheus")[flag.split("=", 1)[1]].read_text())
+    targets = {
+        target
+        for job in config["scrape_configs"]
+        for group in job["static_configs"]
+        for target in group["targets"]
+    }
+    served = set()
+    for name in ("worker", "mitigator"):
+        args = build_parser().parse_args(SERVICES[name]["command"][1:])
+        assert args.metrics_port is not None and args.metrics_host == "0.0.0.0"  # reachable from prometheus
+        served.add(f"{name}:{args.metrics_port}")
+    assert targets == served
+
+
+def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> None:
+    grafana = SERVICES["grafana"]
+    assert grafana["image"].startswith("grafana/grafana:")
+    mounts = _mounts("grafana")
+    provisioning = mounts["/etc/grafana/provisioning"]
+    datasources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    (source,) = datasources
+    assert source["type"] == "prometheus"
+    port = SERVICES["prometheus"]["ports"][0].rsplit(":", 1)[1]
+    assert source["url"] == f"http://prometheus:{port}"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "straggler-stream.yml").read_text())[
+        "providers"
+    ]
+    dashboards = mounts[provider["options"]["path"]]
+    dashboard = json.loads((dashboards / "straggler-stream.json").read_text())
+    uids = {target["datasource"]["uid"] for panel in dashboard["panels"] for target in panel["targets"]}
+    assert uids == {source["uid"]}
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith(provider["options"]["path"] + "/") and (dashboards / Path(home).name).is_file()
+    assert {"prometheus"} <= set(grafana["depends_on"])

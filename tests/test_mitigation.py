@@ -12,10 +12,12 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -757,6 +759,23 @@ def _wait_for(condition: Callable[[], bool], what: str, seconds: float = 120) ->
         time.sleep(0.2)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _restarts_served(port: int) -> float:
+    """``straggler_mitigator_watchdog_restarts_total`` at the consumer's endpoint (-1: not up)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return -1.0
+    match = re.search(r"^straggler_mitigator_watchdog_restarts_total (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else -1.0
+
+
 @pytest.mark.broker
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
@@ -770,7 +789,9 @@ def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
     stream = random_stream(seed=5, jobs=30, tasks=30)
     head = len(stream.events) * 3 // 5
     expected = set(ids(offline_commands(stream, policy, topics)))
+    port = _free_port()
     command = [*_mitigate_command(kafka_bootstrap, policy, fresh_topic_prefix), "--stall-timeout", "10"]
+    command += ["--metrics-port", str(port)]
 
     supervisor = _start_then_wait_for_a_command(kafka_bootstrap, topics, command, stream, head)
     try:
@@ -780,6 +801,8 @@ def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
         assert stuck not in _consumer_children(supervisor.pid), "the stuck consumer was not killed"
         produce_stream(kafka_bootstrap, topics, Stream(stream.events[head:]))
         _wait_for(lambda: set(ids(committed_commands(kafka_bootstrap, topics))) >= expected, "every command")
+        # the new consumer's endpoint carries on the supervisor's restart count
+        _wait_for(lambda: _restarts_served(port) >= 1, "the restart on the metrics endpoint", 30)
         supervisor.send_signal(signal.SIGTERM)
         out, err = supervisor.communicate(timeout=60)
     finally:

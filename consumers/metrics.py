@@ -1,0 +1,98 @@
+"""The mitigation consumer's Prometheus metrics (``straggler mitigate --metrics-port``).
+
+`MitigationStats` (committed work) is read at scrape time; commands by action and dead letters by
+kind are counted here when their transaction commits, so an aborted batch is never counted. Under the
+watchdog the consumer process serves the endpoint, and a restarted one starts from the supervisor's
+restart count (its other counters restart at zero, which Prometheus's ``rate`` takes as a reset).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, get_args
+
+from confluent_kafka import Consumer
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from schemas import DeadLetter, RelaunchCommand
+from schemas.events import Action
+from straggler.metrics_export import (
+    DEAD_LETTER_KINDS,
+    LAG_SAMPLE_S,
+    LagGauge,
+    StatCounter,
+    StatsCollector,
+    TopicPartition,
+    dead_letter_kind,
+    partition_lags,
+)
+
+CONSUMER_COUNTERS = (
+    StatCounter("consumed", "straggler_mitigator_records", "input records consumed (committed)"),
+    StatCounter("predictions", "straggler_mitigator_predictions", "per-task predictions consumed"),
+    StatCounter("checkpoints", "straggler_mitigator_checkpoints", "checkpoint markers acted on"),
+    StatCounter("transactions", "straggler_mitigator_transactions", "transactions committed"),
+    StatCounter("aborts", "straggler_mitigator_transaction_aborts", "transactions aborted and redone"),
+    StatCounter(
+        "rebuilt_records",
+        "straggler_mitigator_rebuilt_records",
+        "input records replayed to rebuild the state after assignments and aborts",
+    ),
+)
+
+
+class MitigationMetrics:
+    """The consumer's registry and the hooks its loop calls (all from the loop's thread)."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        """``stats``: returns the running consumer's current `MitigationStats`."""
+        self.registry = CollectorRegistry()
+        self.registry.register(StatsCollector(stats, CONSUMER_COUNTERS))
+        r = self.registry
+        self.commands = Counter(
+            "straggler_mitigator_commands", "relaunch commands committed, by action", ["action"], registry=r
+        )
+        for action in get_args(Action):
+            self.commands.labels(action)
+        self.dead_letters = Counter(
+            "straggler_mitigator_dead_letters",
+            "records dead-lettered, by kind of reason",
+            ["kind"],
+            registry=r,
+        )
+        for kind in DEAD_LETTER_KINDS:
+            self.dead_letters.labels(kind)
+        self.jobs = Gauge("straggler_mitigator_jobs", "jobs whose state the consumer holds", registry=r)
+        self.watchdog_restarts = Counter(
+            "straggler_mitigator_watchdog_restarts",
+            "consumer processes the watchdog killed and restarted because they were stuck",
+            registry=r,
+        )
+        self.lag = LagGauge("straggler_mitigator_consumer_lag", "input records not yet committed", r)
+        self._sampled_at = -float("inf")
+
+    def committed(self, outputs: Sequence[RelaunchCommand | DeadLetter], jobs: int) -> None:
+        """A transaction with these outputs committed; ``jobs``: the state's jobs after it."""
+        for output in outputs:
+            if isinstance(output, RelaunchCommand):
+                self.commands.labels(output.action).inc()
+            else:
+                self.dead_letters.labels(dead_letter_kind(output.error)).inc()
+        self.jobs.set(jobs)
+
+    def sample_lag(self, consumer: Consumer, force: bool = False) -> None:
+        """At most every `LAG_SAMPLE_S`: the assigned partitions' lag from librdkafka's cached end
+        offsets (the last stable offset under read_committed) and the consumer's positions; no
+        broker round trip."""
+        now = time.monotonic()
+        if not force and now - self._sampled_at < LAG_SAMPLE_S:
+            return
+        self._sampled_at = now
+        assignment = consumer.assignment()
+        ends: dict[TopicPartition, int | None] = {}
+        for tp in assignment:
+            _, end = consumer.get_watermark_offsets(tp, cached=True)
+            ends[(tp.topic, tp.partition)] = end
+        positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(assignment)}
+        self.lag.update(partition_lags(ends, positions))

@@ -1,0 +1,120 @@
+"""The Faust worker's Prometheus metrics (``straggler worker --metrics-port``).
+
+The agent's own `AgentStats` counts are read at scrape time; what they do not hold (flags, dead
+letters by kind, latencies, lag, jobs) is recorded here by a few calls from `pipeline.app`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import faust
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from straggler.core.online import Decision
+from straggler.metrics_export import (
+    DEAD_LETTER_KINDS,
+    LAG_SAMPLE_S,
+    LagGauge,
+    StatCounter,
+    StatsCollector,
+    TopicPartition,
+    dead_letter_kind,
+    partition_lags,
+)
+
+log = logging.getLogger(__name__)
+
+AGENT_COUNTERS = (
+    StatCounter("events", "straggler_worker_events", "input records consumed"),
+    StatCounter(
+        "task_events",
+        "straggler_worker_task_observations",
+        "task observations consumed (a task_batch counts each of its observations)",
+    ),
+    StatCounter("boundaries", "straggler_worker_boundaries", "checkpoint boundaries consumed"),
+    StatCounter("predictions", "straggler_worker_predictions", "per-task predictions published"),
+    StatCounter("ignored", "straggler_worker_ignored", "duplicate or late events that changed nothing"),
+)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+REFIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class WorkerMetrics:
+    """The worker's registry and the hooks the agent calls."""
+
+    def __init__(self, stats: Any, jobs: Callable[[], int]) -> None:
+        """``stats``: the agent's `AgentStats`; ``jobs``: how many jobs the worker's table holds."""
+        self.registry = CollectorRegistry()
+        self.registry.register(StatsCollector(lambda: stats, AGENT_COUNTERS))
+        r = self.registry
+        self.flags = Counter("straggler_worker_flags", "predictions that flag a straggler", registry=r)
+        self.dead_letters = Counter(
+            "straggler_worker_dead_letters", "records dead-lettered, by kind of reason", ["kind"], registry=r
+        )
+        for kind in DEAD_LETTER_KINDS:
+            self.dead_letters.labels(kind)
+        self.jobs = Gauge("straggler_worker_jobs", "jobs tracked (rows of the jobs table)", registry=r)
+        self.jobs.set_function(lambda: float(jobs()))
+        self.decision_latency = Histogram(
+            "straggler_worker_decision_latency_seconds",
+            "from a checkpoint boundary's produced_at to its predictions acknowledged by the broker",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.refit_seconds = Histogram(
+            "straggler_worker_refit_seconds",
+            "wall time of checkpoint evaluations that refitted the job's model (fit and predict)",
+            buckets=REFIT_BUCKETS,
+            registry=r,
+        )
+        self.lag = LagGauge(
+            "straggler_worker_consumer_lag", "input records not yet processed, per partition", r
+        )
+
+    def dead_lettered(self, error: str | BaseException) -> None:
+        self.dead_letters.labels(dead_letter_kind(error)).inc()
+
+    def evaluated(
+        self,
+        decisions: Sequence[Decision],
+        refit_seconds: float | None,
+        boundary_produced_at: float | None,
+        sent_at: float,
+    ) -> None:
+        """A checkpoint's predictions are on the broker (``sent_at``, wall clock)."""
+        self.flags.inc(sum(d.is_straggler for d in decisions))
+        if refit_seconds is not None:
+            self.refit_seconds.observe(refit_seconds)
+        if boundary_produced_at is not None:  # timer ticks of live jobs have no producer's boundary
+            self.decision_latency.observe(max(0.0, sent_at - boundary_produced_at))
+
+
+async def input_lags(app: faust.App, topics: set[str]) -> dict[TopicPartition, int]:
+    """Lag of the assigned input partitions: aiokafka's high watermark minus the offset after the
+    last record the agent read (Faust's monitor), or the fetch position before any was read."""
+    consumer = app.consumer
+    ends: dict[TopicPartition, int | None] = {}
+    positions: dict[TopicPartition, int | None] = {}
+    read = app.monitor.tp_read_offsets
+    for tp in consumer.assignment():
+        if tp.topic not in topics:
+            continue  # changelogs: read by table recovery, not the agent
+        key = (tp.topic, tp.partition)
+        ends[key] = consumer.highwater(tp)
+        last = read.get(tp)
+        positions[key] = last + 1 if last is not None else await consumer.position(tp)
+    return partition_lags(ends, positions)
+
+
+def install_lag_sampler(app: faust.App, metrics: WorkerMetrics, topics: set[str]) -> None:
+    """Sample the input lag on a Faust timer (every `LAG_SAMPLE_S`)."""
+
+    @app.timer(interval=LAG_SAMPLE_S, name="straggler-metrics-lag")
+    async def sample_lag() -> None:
+        try:
+            metrics.lag.update(await input_lags(app, topics))
+        except Exception as error:  # the consumer is starting or rebalancing: try at the next tick
+            log.debug("lag sample skipped: %s", error)

@@ -1,0 +1,139 @@
+"""What the worker's and the mitigation consumer's Prometheus metrics share.
+
+Each process object owns a `prometheus_client.CollectorRegistry` (`pipeline.metrics`,
+`consumers.metrics`), so tests can build several side by side; this module holds the pure pieces
+(the bounded dead-letter kind, per-partition lag) and the thin shell that serves a registry over HTTP.
+Counts a process already keeps in a stats dataclass are read from it at scrape time
+(`StatsCollector`) instead of being counted a second time.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+disable_created_metrics()  # no ``*_created`` series beside every counter: nothing here reads them
+
+DEFAULT_METRICS_HOST = "127.0.0.1"
+"""Where ``--metrics-port`` listens unless ``--metrics-host`` says otherwise (compose: 0.0.0.0)."""
+
+DEAD_LETTER_KINDS = ("payload", "schema", "unknown_job", "unexpected_event", "internal", "other")
+"""The bounded ``kind`` label of the dead-letter counters (the free-text reason stays in the letter)."""
+
+LAG_SAMPLE_S = 1.0
+"""Seconds between samples of the consumer lag."""
+
+TopicPartition = tuple[str, int]
+
+
+def dead_letter_kind(error: str | BaseException) -> str:
+    """The kind of a dead letter's reason: ``error`` as given to `schemas.dead_letter_for`, or the
+    ``error`` text of the letter it made (which writes an exception as ``Type: message``)."""
+    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error
+    if text.startswith("SchemaError: payload"):
+        return "payload"  # not JSON, no value, over the size limit
+    if text.startswith("SchemaError: "):
+        return "schema"
+    if text.startswith("event for unknown job"):
+        return "unknown_job"
+    if text.startswith("unexpected "):
+        return "unexpected_event"
+    if text.startswith("internal error"):
+        return "internal"
+    return "other"
+
+
+def partition_lags(
+    ends: Mapping[TopicPartition, int | None], positions: Mapping[TopicPartition, int | None]
+) -> dict[TopicPartition, int]:
+    """Records behind per partition: its end (high watermark, or last stable offset) minus the next
+    offset to process. Partitions with an unknown end or position (negative or None: nothing fetched
+    or consumed yet) are left out rather than reported as a made-up number."""
+    lags = {}
+    for tp, end in ends.items():
+        position = positions.get(tp)
+        if end is None or position is None or end < 0 or position < 0:
+            continue
+        lags[tp] = max(0, end - position)
+    return lags
+
+
+class LagGauge:
+    """A ``{topic, partition}`` gauge of consumer lag that forgets partitions no longer assigned."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.gauge = Gauge(name, documentation, ["topic", "partition"], registry=registry)
+        self._shown: set[TopicPartition] = set()
+
+    def update(self, lags: Mapping[TopicPartition, int]) -> None:
+        for topic, partition in self._shown - set(lags):
+            self.gauge.remove(topic, str(partition))
+        for (topic, partition), lag in lags.items():
+            self.gauge.labels(topic, str(partition)).set(lag)
+        self._shown = set(lags)
+
+
+@dataclass(frozen=True)
+class StatCounter:
+    """One field of a stats dataclass exported as a counter (``name`` without ``_total``)."""
+
+    field: str
+    name: str
+    documentation: str
+
+
+class StatsCollector(Collector):
+    """Exports fields of the stats object ``read()`` returns, as counters, at every scrape."""
+
+    def __init__(self, read: Callable[[], Any], counters: Iterable[StatCounter]) -> None:
+        self.read = read
+        self.counters = tuple(counters)
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self.read()
+        for counter in self.counters:
+            yield CounterMetricFamily(
+                counter.name, counter.documentation, value=float(getattr(stats, counter.field))
+            )
+
+    def describe(self) -> Iterable[Metric]:
+        return [CounterMetricFamily(c.name, c.documentation) for c in self.counters]
+
+
+def serve(registry: CollectorRegistry, port: int, host: str = DEFAULT_METRICS_HOST) -> Callable[[], None]:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; return its stop."""
+    server, thread = start_http_server(port, addr=host, registry=registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5.0)
+
+    return stop
+
+
+def exported_names(registry: CollectorRegistry) -> set[str]:
+    """Every sample name ``registry`` exposes now (``_total``, ``_bucket``, ... included)."""
+    return {sample.name for metric in registry.collect() for sample in metric.samples}
+
+
+def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
+    """``--metrics-port``/``--metrics-host``: the Prometheus endpoint (off unless a port is given)."""
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default=DEFAULT_METRICS_HOST,
+        help=f"address the metrics endpoint listens on (default: {DEFAULT_METRICS_HOST}; 0.0.0.0 in compose)",
+    )
