@@ -16,6 +16,7 @@ from confluent_kafka import KafkaException
 
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
+from straggler.kafka.security import add_kafka_config_argument
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 EXIT_OK = 0
@@ -64,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the consumer in this process, without the supervisor that restarts it when stuck",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per transaction")
+    add_kafka_config_argument(p)
     p.set_defaults(func=_mitigate)
 
 

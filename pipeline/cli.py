@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from straggler.kafka.security import add_kafka_config_argument
+
 
 def _worker(args: argparse.Namespace) -> int:
     from faust.worker import Worker
@@ -63,4 +65,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")
     p.add_argument("--loglevel", default="warning")
+    add_kafka_config_argument(p)
     p.set_defaults(func=_worker)
