@@ -16,6 +16,7 @@ from confluent_kafka import KafkaException
 
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
+from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
@@ -66,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_metrics_arguments(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log one line per transaction")
+    add_kafka_config_argument(p)
     p.set_defaults(func=_mitigate)
 
 

@@ -52,6 +52,7 @@ from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision
 from straggler.core.registry import load_trained_method, make_method
 from straggler.kafka.names import TopicNames
+from straggler.kafka.security import current_security, faust_credentials
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
     app = faust.App(
         app_id(settings),
         broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=faust_credentials(current_security()),  # TLS/SASL, as every other client
         store="memory://",
         topic_partitions=settings.partitions,
         topic_disable_leader=True,

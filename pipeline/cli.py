@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
 
@@ -70,4 +71,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_metrics_arguments(p)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")
     p.add_argument("--loglevel", default="warning")
+    add_kafka_config_argument(p)
     p.set_defaults(func=_worker)

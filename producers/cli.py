@@ -8,6 +8,7 @@ import sys
 
 import orjson
 
+from straggler.kafka.security import add_kafka_config_argument
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 EXIT_OK = 0
@@ -46,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--wait-timeout", type=float, default=120.0, help="closed loop: seconds to wait per instant"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_kafka_config_argument(p)
     p.set_defaults(func=_produce)
 
 

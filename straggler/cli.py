@@ -13,6 +13,7 @@ import numpy as np
 
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS, make_policy
 from straggler.evaluation import MITIGATION_POLICIES
+from straggler.kafka.security import add_kafka_config_argument
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 
@@ -126,6 +127,7 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
         "--bootstrap", default=None, help="admm: run the consensus rounds over this Kafka broker, host:port"
     )
     p.add_argument("--topic-prefix", default="", help="admm: namespace of the exchange topic")
+    add_kafka_config_argument(p)
     p.set_defaults(func=_train)
 
 
@@ -168,6 +170,7 @@ def _register_replay(subparsers: argparse._SubParsersAction) -> None:
         metavar="PORT",
         help="Prometheus metrics of the worker at 127.0.0.1:PORT, of the mitigator at PORT+1 (default: off)",
     )
+    add_kafka_config_argument(p)
     p.set_defaults(func=_replay)
 
 
@@ -191,6 +194,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(args, "kafka_config"):  # a command that talks to Kafka: its security settings first
+        from straggler.kafka.config import KafkaAccessError, check_access
+        from straggler.kafka.security import PLAINTEXT, SecurityConfigError, apply_kafka_config
+
+        try:
+            security = apply_kafka_config(args.kafka_config)
+            if security != PLAINTEXT and getattr(args, "bootstrap", None):
+                check_access(args.bootstrap, security=security)  # wrong credentials: say so, at once
+        except SecurityConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KafkaAccessError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return int(args.func(args))
 
 

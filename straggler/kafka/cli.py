@@ -10,6 +10,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 
 from straggler.kafka.embedded import DEFAULT_PORT, BrokerError, EmbeddedKafka, embedded_kafka
+from straggler.kafka.security import add_kafka_config_argument
 from straggler.kafka.smoke import DEFAULT_MESSAGES, smoke_check
 from straggler.kafka.topics import DEFAULT_PARTITIONS, DEFAULT_REPLICATION, create_topics
 
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     create.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
     create.add_argument("--replication", type=int, default=DEFAULT_REPLICATION)
+    add_kafka_config_argument(create)
     create.set_defaults(func=_topics_create)
 
     smoke = subparsers.add_parser("smoke", help="produce and consume keyed records through a real broker")
@@ -54,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--bootstrap", help="broker address (default: start an embedded broker for the duration)"
     )
     smoke.add_argument("--messages", type=int, default=DEFAULT_MESSAGES)
+    add_kafka_config_argument(smoke)
     smoke.set_defaults(func=_smoke)
 
 

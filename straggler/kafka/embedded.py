@@ -14,7 +14,9 @@ A broker instance is identified by its *data directory* (default: ``default_data
 - ``broker.pid`` and ``broker.port`` (the JVM's pid and the PLAINTEXT port while it runs),
 - ``broker.log`` (the JVM's stdout+stderr and log4j output).
 
-The broker listens on 127.0.0.1 only. The JVM runs in its own session, so it outlives the process that
+The broker listens on 127.0.0.1 only, PLAINTEXT by default; given a ``BrokerSecurity`` its client
+listener is SASL_PLAINTEXT instead (PLAIN and SCRAM-SHA-256/512 users), for tests of secured clients.
+The JVM runs in its own session, so it outlives the process that
 started it (``straggler broker start`` returns once the broker answers); ``stop()`` and the
 ``embedded_kafka`` context manager end it.
 """
@@ -35,8 +37,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -83,6 +85,73 @@ class BrokerStatus:
     bootstrap: str | None
     log_file: Path
     data_dir: Path
+
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _jaas_quote(text: str) -> str:
+    if '"' in text or "\\" in text:
+        raise ValueError(f"SASL names and passwords of the embedded broker cannot hold quotes: {text!r}")
+    return f'"{text}"'
+
+
+def _scram_text(text: str) -> str:
+    if any(ch in text for ch in ',[]="\\ '):
+        raise ValueError(f"SCRAM names and passwords of the embedded broker must be plain words: {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """A SASL_PLAINTEXT client listener (what a secured cluster asks of clients, without TLS files).
+
+    ``plain_users`` may log in with PLAIN, ``scram_users`` with SCRAM-SHA-256 and SCRAM-SHA-512 (their
+    credentials are written into the KRaft metadata when the storage is formatted, so they are fixed
+    at the first start of a data directory). The broker talks to itself as ``admin`` over PLAIN.
+    """
+
+    admin_password: str = "admin-secret"
+    plain_users: Mapping[str, str] = field(default_factory=dict)
+    scram_users: Mapping[str, str] = field(default_factory=dict)
+
+    def listener_properties(self) -> dict[str, str]:
+        """The ``server.properties`` lines of the SASL listener and its JAAS configuration."""
+        users = {"admin": self.admin_password, **self.plain_users}
+        plain = " ".join(f"user_{name}={_jaas_quote(pw)}" for name, pw in users.items())
+        prefix = "listener.name.sasl_plaintext"
+        return {
+            "sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            f"{prefix}.plain.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule "
+            f'required username="admin" password={_jaas_quote(self.admin_password)} {plain};',
+            **{
+                f"{prefix}.{mechanism.lower()}.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                )
+                for mechanism in SASL_MECHANISMS[1:]
+            },
+        }
+
+    def format_arguments(self) -> list[str]:
+        """``kafka-storage format`` arguments that add the SCRAM users."""
+        arguments: list[str] = []
+        for name, password in self.scram_users.items():
+            for mechanism in SASL_MECHANISMS[1:]:
+                arguments += [
+                    "--add-scram",
+                    f"{mechanism}=[name={_scram_text(name)},password={_scram_text(password)}]",
+                ]
+        return arguments
+
+    def admin_client_config(self) -> dict[str, str]:
+        """librdkafka keys with which the broker's own readiness check logs in."""
+        return {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "admin",
+            "sasl.password": self.admin_password,
+        }
 
 
 def user_cache_dir() -> Path:
@@ -293,8 +362,10 @@ class EmbeddedKafka:
         ready_timeout: float = READY_TIMEOUT_S,
         stop_timeout: float = STOP_TIMEOUT_S,
         die_with_parent: bool = False,
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.port = port
+        self.security = security
         self.data_dir = (
             (Path(data_dir) if data_dir is not None else default_data_dir()).expanduser().resolve()
         )
@@ -425,15 +496,17 @@ class EmbeddedKafka:
 
     def _write_configs(self, port: int, controller_port: int) -> None:
         log_dirs = self.data_dir / _LOG_DIRS
+        listener = "PLAINTEXT" if self.security is None else "SASL_PLAINTEXT"
         properties = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "listeners": f"{listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{port}",
+            "inter.broker.listener.name": listener,
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
+            **(self.security.listener_properties() if self.security is not None else {}),
             "log.dirs": str(log_dirs),
             # Topics are declared explicitly (straggler.kafka.topics); Faust declares its internal
             # topics (changelogs, leader topic) itself through CreateTopics, so nothing relies on this.
@@ -495,6 +568,7 @@ class EmbeddedKafka:
         command = self._java_command(
             java, libs, STORAGE_TOOL_CLASS, "format",
             "-t", new_cluster_id(), "-c", str(self.data_dir / _SERVER_PROPERTIES),
+            *(self.security.format_arguments() if self.security is not None else []),
         )  # fmt: skip
         completed = subprocess.run(
             command, capture_output=True, text=True, timeout=300, check=False, cwd=self.data_dir
@@ -536,7 +610,8 @@ class EmbeddedKafka:
                 time.sleep(0.2)
                 continue
             if admin is None:
-                admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+                login = self.security.admin_client_config() if self.security is not None else {}
+                admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **login})
             try:
                 metadata = admin.list_topics(timeout=2.0)
             except Exception as exc:  # KafkaException while the broker is still joining its quorum
@@ -559,7 +634,9 @@ class EmbeddedKafka:
 
 
 @contextlib.contextmanager
-def embedded_kafka(port: int = 0, data_dir: Path | None = None) -> Iterator[str]:
+def embedded_kafka(
+    port: int = 0, data_dir: Path | None = None, security: BrokerSecurity | None = None
+) -> Iterator[str]:
     """A broker for the duration of a ``with`` block, yielding ``127.0.0.1:<port>``.
 
     Without ``data_dir`` it runs on a fresh temporary directory that is removed afterwards. A broker
@@ -567,7 +644,7 @@ def embedded_kafka(port: int = 0, data_dir: Path | None = None) -> Iterator[str]
     """
     temporary = data_dir is None
     directory = Path(tempfile.mkdtemp(prefix="straggler-kafka-")) if data_dir is None else data_dir
-    broker = EmbeddedKafka(port=port, data_dir=directory, die_with_parent=True)
+    broker = EmbeddedKafka(port=port, data_dir=directory, die_with_parent=True, security=security)
     try:
         yield broker.start()
     finally:
