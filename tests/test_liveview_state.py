@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,7 @@ def _command(task: str, action: str, t: float, attempt: int = 0) -> RelaunchComm
     )
 
 
-def _job(state: LiveViewState, job: str = "j") -> dict:  # type: ignore[type-arg]
+def _job(state: LiveViewState, job: str = "j") -> dict[str, Any]:
     return next(row for row in state.summary()["jobs"] if row["job_id"] == job)
 
 
