@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from aiohttp import ClientSession, web
 
+from consumers.liveview import TopicReader, make_app
 from consumers.liveview_state import LiveViewState
 from schemas import (
     CheckpointEvaluated,
@@ -19,6 +25,8 @@ from schemas import (
     encode,
     prediction_batches,
 )
+from straggler.cli import build_parser
+from straggler.kafka.names import TopicNames
 
 
 def _task(task: str, t: float, status: str = "running", attempt: int = 0, job: str = "j") -> TaskCheckpoint:
@@ -149,3 +157,38 @@ def test_records_round_trip_through_the_codec() -> None:
     for event in (JobEvent(job_id="j", event="started", time=0.0, expected_tasks=1), _task("a", 5.0)):
         state.apply_all(decode_each(encode(event)))
     assert _job(state)["running"] == 1
+
+
+def test_the_service_serves_a_self_contained_page_and_the_summary() -> None:
+    """The aiohttp app around the fold (no broker: the reader is never started)."""
+    reader = TopicReader("127.0.0.1:1", TopicNames("t."), LiveViewState())
+    reader.state.apply(JobEvent(job_id="j", event="started", time=0.0, expected_tasks=4))
+
+    async def fetch() -> tuple[str, dict[str, Any]]:
+        runner = web.AppRunner(make_app(reader))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{port}/") as response:
+                    page = await response.text()
+                async with session.get(f"http://127.0.0.1:{port}/api/summary") as response:
+                    return page, await response.json()
+        finally:
+            await runner.cleanup()
+
+    page, summary = asyncio.run(fetch())
+    assert "/api/summary" in page and "<script>" in page
+    assert not re.search(r"""(src|href)\s*=|https?://|@import""", page), "no external asset: works offline"
+    assert [(row["job_id"], row["expected"]) for row in summary["jobs"]] == [("j", 4)]
+    assert summary["reader"] == {"records": 0, "assigned": False}
+
+
+def test_compose_serves_the_view_on_the_host_loopback_only() -> None:
+    compose = yaml.safe_load((Path(__file__).resolve().parents[1] / "compose.yaml").read_text())
+    service = compose["services"]["view"]
+    args = build_parser().parse_args(service["command"][1:])
+    assert args.func.__module__ == "consumers.liveview"
+    assert service["ports"] == [f"127.0.0.1:{args.port}:{args.port}"]
