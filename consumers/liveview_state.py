@@ -12,8 +12,9 @@ command (only a replay's simulation knows the trace's own latency), so the savin
 - a task with no relaunch/duplicate command, or whose original attempt won the race against its copy,
   ends when its finish event says (as it would have without the command);
 - a task whose original attempt was replaced (relaunched, or its copy won) would have ended at the
-  original attempt's *predicted* end: the checkpoint time minus the elapsed time plus the predicted
-  latency (``adjusted_latency``) of the prediction the command acted on;
+  original attempt's *predicted* end, from the latest prediction about that attempt: its checkpoint
+  time minus the elapsed time plus the predicted latency (``adjusted_latency``). Policies may act on
+  tasks not flagged (``speculate`` prices copies by survival estimates), so every verdict counts;
 - estimated saving = (latest of those ends) - (latest observed finish). It can be negative (the
   replacement ran longer than the model expected the original to). A job whose replaced task has no
   predicted latency (a method without one) gets no estimate.
@@ -45,8 +46,8 @@ MITIGATIONS = ("relaunch", "duplicate")
 
 SAVING_NOTE = (
     "Estimated completion time saved: for each ended job, the latest end its tasks would have had "
-    "without the commands (a replaced attempt's end as the model predicted it when the command was "
-    "issued; every other task's observed end) minus its latest observed end. An estimate from the "
+    "without the commands (a replaced attempt's end as the model last predicted it; every other "
+    "task's observed end) minus its latest observed end. An estimate from the "
     "model's latency predictions, not a measurement: straggler replay's report measures it against "
     "the trace."
 )
@@ -66,8 +67,9 @@ class _Job:
     """Tasks reported running at ``last_checkpoint``."""
     flagged: dict[str, float] = field(default_factory=dict)
     """task -> first checkpoint time it was predicted to straggle."""
-    predicted_end: dict[tuple[str, float], tuple[int | None, float | None]] = field(default_factory=dict)
-    """(task, checkpoint time) of a straggler verdict -> (attempt judged, its predicted end or None)."""
+    predicted_end: dict[tuple[str, int], tuple[float, float | None]] = field(default_factory=dict)
+    """(task, attempt) -> (checkpoint time, predicted end or None) of the latest verdict on it: one
+    entry per attempt, so memory stays proportional to the tasks, not to tasks x checkpoints."""
     commands: dict[str, RelaunchCommand] = field(default_factory=dict)
     """By command id (a redelivered command is counted once), in arrival order."""
     checkpoints: int = 0
@@ -114,8 +116,10 @@ class LiveViewState:
             self.predictions += 1
             if event.is_straggler:
                 job.flagged.setdefault(event.task_id, event.checkpoint_time)
-                key = (event.task_id, event.checkpoint_time)
-                job.predicted_end[key] = (event.attempt, _predicted_end(event))
+            key = (event.task_id, event.attempt or 0)  # version 1 names no attempt: the first
+            known = job.predicted_end.get(key)
+            if known is None or event.checkpoint_time >= known[0]:
+                job.predicted_end[key] = (event.checkpoint_time, _predicted_end(event))
         elif isinstance(event, RelaunchCommand):
             if event.command_id not in job.commands:
                 job.commands[event.command_id] = event
@@ -229,11 +233,11 @@ def estimated_saving(job: _Job) -> dict[str, float] | None:
             if known is None or command.checkpoint_time < known.checkpoint_time:
                 first[command.task_id] = command
     for task, command in first.items():
-        attempt, predicted = job.predicted_end.get((task, command.checkpoint_time), (None, None))
-        original = command.attempt if command.attempt is not None else attempt
+        original = command.attempt if command.attempt is not None else 0  # version 1: no attempt named
         finish = job.finished.get(task)
-        if finish is not None and original is not None and finish[1] == original:
+        if finish is not None and finish[1] == original:
             continue  # the original attempt won its race: it ended as it would have anyway
+        _, predicted = job.predicted_end.get((task, original), (0.0, None))
         if predicted is None:
             return None
         without = max(without, predicted)

@@ -20,8 +20,8 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
     else
-        echo "warning: chromium is missing and this is not root with apt-get: the live view's browser test" \
-            "(tests/test_liveview.py) skips, or fails under CI=1. Install it: sudo apt-get install chromium" >&2
+        echo "warning: chromium is missing and this is not root with apt-get, so the live view's browser" \
+            "test (tests/test_liveview.py) will fail. Install it: sudo apt-get install chromium" >&2
     fi
 fi
 

@@ -42,7 +42,9 @@ def _task(task: str, t: float, status: str = "running", attempt: int = 0, job: s
     )
 
 
-def _prediction(task: str, t: float, elapsed: float, latency: float | None, flag: bool = True) -> Prediction:
+def _prediction(
+    task: str, t: float, elapsed: float, latency: float | None, flag: bool = True, attempt: int = 0
+) -> Prediction:
     return Prediction(
         job_id="j",
         task_id=task,
@@ -57,7 +59,7 @@ def _prediction(task: str, t: float, elapsed: float, latency: float | None, flag
         model_version=1,
         elapsed=elapsed,
         produced_at=0.0,
-        attempt=0,
+        attempt=attempt,
     )
 
 
@@ -128,6 +130,18 @@ def test_saving_uses_the_predicted_end_of_a_replaced_attempt() -> None:
     assert saving["jct_observed"] == pytest.approx(45.0)
     assert saving["share"] == pytest.approx(45.0 / 90.0)
     assert _ended_job(copy_wins=True).summary()["totals"]["saved_seconds"] == pytest.approx(45.0)
+
+
+def test_the_latest_verdict_on_the_original_attempt_counts_flagged_or_not() -> None:
+    state = LiveViewState()
+    state.apply(JobEvent(job_id="j", event="started", time=0.0, expected_tasks=1))
+    state.apply_all([_prediction("b", 20.0, 20.0, 90.0, flag=False), _command("b", "duplicate", 20.0)])
+    state.apply(_prediction("b", 40.0, 40.0, 120.0, flag=False))  # a later, better informed verdict
+    state.apply(_prediction("b", 30.0, 30.0, 70.0, flag=False))  # read late: older, ignored
+    state.apply(_prediction("b", 40.0, 20.0, 25.0, flag=False, attempt=1))  # about the copy
+    state.apply_all([_task("b", 45.0, "finished", attempt=1), JobEvent(job_id="j", event="ended", time=48.0)])
+    assert _job(state)["saving"]["seconds"] == pytest.approx(120.0 - 45.0)
+    assert _job(state)["flagged"] == []
 
 
 def test_no_saving_when_the_original_wins_its_race() -> None:
