@@ -225,13 +225,13 @@ def estimated_saving(job: _Job) -> dict[str, float] | None:
     if job.ended_at is None or job.started_at is None or not job.finished:
         return None
     observed_end = max(end for end, _ in job.finished.values())
-    without = observed_end
     first: dict[str, RelaunchCommand] = {}
     for command in job.commands.values():
         if command.action in MITIGATIONS:
             known = first.get(command.task_id)
             if known is None or command.checkpoint_time < known.checkpoint_time:
                 first[command.task_id] = command
+    replaced: dict[str, float] = {}
     for task, command in first.items():
         original = command.attempt if command.attempt is not None else 0  # version 1: no attempt named
         finish = job.finished.get(task)
@@ -240,7 +240,9 @@ def estimated_saving(job: _Job) -> dict[str, float] | None:
         _, predicted = job.predicted_end.get((task, original), (0.0, None))
         if predicted is None:
             return None
-        without = max(without, predicted)
+        replaced[task] = predicted
+    kept = [end for task, (end, _) in job.finished.items() if task not in replaced]
+    without = max([*kept, *replaced.values()])
     seconds = without - observed_end
     jct_without = without - job.started_at
     return {

@@ -144,6 +144,11 @@ def test_the_latest_verdict_on_the_original_attempt_counts_flagged_or_not() -> N
     assert _job(state)["flagged"] == []
 
 
+def test_a_replacement_slower_than_the_predicted_original_costs_time() -> None:
+    saving = _job(_ended_job(copy_wins=True, latency=40.0))["saving"]  # b would have ended at 40, not 45
+    assert saving["seconds"] == pytest.approx(40.0 - 45.0)
+
+
 def test_no_saving_when_the_original_wins_its_race() -> None:
     assert _job(_ended_job(copy_wins=False))["saving"]["seconds"] == pytest.approx(0.0)
 
