@@ -15,6 +15,16 @@ for tool in java mvn; do
     fi
 done
 
+# Headless Chromium renders the live view in tests/test_liveview.py (Debian's package; needs root).
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "warning: chromium is missing and this is not root with apt-get, so the live view's browser" \
+            "test (tests/test_liveview.py) will fail. Install it: sudo apt-get install chromium" >&2
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi

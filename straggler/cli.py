@@ -176,6 +176,7 @@ def _register_replay(subparsers: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from consumers.cli import register as register_mitigate
+    from consumers.liveview import register as register_view
     from pipeline.cli import register as register_worker
     from producers.cli import register as register_produce
     from straggler.kafka.cli import register as register_kafka
@@ -189,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_produce(subparsers)
     register_mitigate(subparsers)
     _register_replay(subparsers)
+    register_view(subparsers)
     return parser
 
 

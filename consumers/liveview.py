@@ -1,0 +1,167 @@
+"""``straggler view``: a web page of the jobs in flight, their stragglers and the commands issued.
+
+The thin shell around `consumers.liveview_state`: a thread reads every pipeline topic from the
+beginning (``read_committed``, so aborted commands never show; its own group id, never committed, so
+it disturbs no one) and folds each decoded event into the state; an aiohttp server on ``127.0.0.1``
+serves the page (``/``, self-contained: no external assets) and the summary it polls
+(``/api/summary``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from consumers.liveview_state import LiveViewState
+from schemas import SchemaError, decode_each
+from straggler.kafka.config import consumer_config
+from straggler.kafka.names import TopicNames
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+PAGE = Path(__file__).with_name("liveview.html")
+POLL_TIMEOUT_S = 0.5
+"""Longest a consume call blocks, so a stop is noticed within about this."""
+TOPIC_RETRY_S = 2.0
+"""How often to look again for topics that do not exist yet."""
+
+
+class TopicReader:
+    """Folds every record of the pipeline's topics into a `LiveViewState`, on a thread of its own."""
+
+    def __init__(self, bootstrap: str, topics: TopicNames, state: LiveViewState) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.state = state
+        self.lock = threading.Lock()
+        self.records = 0
+        self.assigned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="liveview-reader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10.0)
+
+    def summary(self) -> dict[str, Any]:
+        """The state's summary, plus how far the reader has got (taken under the lock)."""
+        with self.lock:
+            out = self.state.summary()
+            out["reader"] = {"records": self.records, "assigned": self.assigned}
+        out["generated_at"] = time.time()
+        return out
+
+    def _run(self) -> None:
+        consumer = Consumer(dict(consumer_config(self.bootstrap, f"straggler-view-{uuid.uuid4().hex[:8]}")))
+        try:
+            if not self._assign(consumer):
+                return
+            while not self._stop.is_set():
+                messages = consumer.consume(num_messages=1000, timeout=POLL_TIMEOUT_S)
+                with self.lock:
+                    for message in messages:
+                        if message.error() is not None:
+                            continue
+                        self.records += 1
+                        try:
+                            self.state.apply_all(decode_each(message.value()))
+                        except SchemaError:
+                            self.state.undecodable += 1
+        finally:
+            consumer.close()
+
+    def _assign(self, consumer: Consumer) -> bool:
+        """Wait until every topic exists, then read all their partitions from the beginning."""
+        while not self._stop.is_set():
+            listed = consumer.list_topics(timeout=10.0).topics
+            missing = [t for t in self.topics.all() if t not in listed or not listed[t].partitions]
+            if not missing:
+                consumer.assign(
+                    [
+                        TopicPartition(topic, p, OFFSET_BEGINNING)
+                        for topic in self.topics.all()
+                        for p in sorted(listed[topic].partitions)
+                    ]
+                )
+                self.assigned = True
+                return True
+            log.info("waiting for topics %s", ", ".join(missing))
+            self._stop.wait(TOPIC_RETRY_S)
+        return False
+
+
+def make_app(reader: TopicReader) -> web.Application:
+    """The page and its JSON endpoint."""
+    page = PAGE.read_text()
+
+    async def index(request: web.Request) -> web.Response:
+        return web.Response(text=page, content_type="text/html")
+
+    async def summary(request: web.Request) -> web.Response:
+        return web.json_response(reader.summary(), headers={"Cache-Control": "no-store"})
+
+    app = web.Application()
+    app.router.add_get("/", index)
+    app.router.add_get("/api/summary", summary)
+    return app
+
+
+async def serve(reader: TopicReader, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    runner = web.AppRunner(make_app(reader), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("live view on http://%s:%d/", host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``view`` command to the top-level CLI."""
+    default_bootstrap = os.environ.get(BOOTSTRAP_ENV)
+    p = subparsers.add_parser("view", help="a live web page of jobs, stragglers and commands")
+    p.add_argument(
+        "--bootstrap",
+        default=default_bootstrap,
+        required=default_bootstrap is None,
+        help=f"broker address (default: ${BOOTSTRAP_ENV})",
+    )
+    p.add_argument("--topic-prefix", default="", help="prefix of every topic name")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    p.add_argument(
+        "--keep-ended", type=int, default=200, help="ended jobs shown in detail (older ones: totals only)"
+    )
+    p.set_defaults(func=_view)
+
+
+def _view(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    reader = TopicReader(args.bootstrap, TopicNames(args.topic_prefix), LiveViewState(args.keep_ended))
+    reader.start()
+    try:
+        asyncio.run(serve(reader, args.host, args.port))
+    finally:
+        reader.stop()
+    return 0
