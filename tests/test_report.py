@@ -13,9 +13,11 @@ import pytest
 from jobs_for_tests import make_job
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from straggler import report
+from straggler.core.method import FloatArray
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times, summarise
 from straggler.traces.jobtrace import JobTrace
 
@@ -166,6 +168,14 @@ def handmade_summary() -> dict[str, Any]:
     }
 
 
+def xs(line: Line2D) -> FloatArray:
+    return np.asarray(line.get_xdata(), dtype=np.float64)
+
+
+def ys(line: Line2D) -> FloatArray:
+    return np.asarray(line.get_ydata(), dtype=np.float64)
+
+
 @pytest.fixture
 def figures(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
     """The figures the plot functions draw, kept open (they close them after saving)."""
@@ -178,12 +188,12 @@ def test_f1_plot_draws_each_methods_series(tmp_path: Path, figures: list[Figure]
     summary = handmade_summary()
     report.plot_f1_over_time(summary, tmp_path / "f1.png")
     (ax,) = figures[0].axes
-    lines = {line.get_label(): line for line in ax.get_lines()}
+    lines = {str(line.get_label()): line for line in ax.get_lines()}
     assert set(lines) == {"alpha", "beta"}
     for name, line in lines.items():
         series = summary["methods"][name]["f1_over_time"]
-        np.testing.assert_allclose(line.get_ydata(), series)
-        np.testing.assert_allclose(line.get_xdata(), [0.25, 0.5, 0.75, 1.0])
+        np.testing.assert_allclose(ys(line), series)
+        np.testing.assert_allclose(xs(line), [0.25, 0.5, 0.75, 1.0])
     assert lines["alpha"].get_color() != lines["beta"].get_color()
 
 
@@ -193,14 +203,14 @@ def test_jct_plot_bars_lines_and_limit(tmp_path: Path, figures: list[Figure]) ->
     left, right = figures[0].axes
     heights = [bar.get_height() for bar in left.patches if isinstance(bar, Rectangle)]
     assert heights == pytest.approx([0.12, -0.03, 0.05, 0.2])  # reductions, then extra machine time
-    limit_lines = [line for line in left.get_lines() if line.get_label().startswith("limit")]
-    assert [line.get_ydata()[0] for line in limit_lines] == [0.25]
+    limit_lines = [line for line in left.get_lines() if str(line.get_label()).startswith("limit")]
+    assert [ys(line)[0] for line in limit_lines] == [0.25]
     curves = {
-        line.get_label(): line for line in right.get_lines() if not line.get_label().startswith("limit")
+        line.get_label(): line for line in right.get_lines() if not str(line.get_label()).startswith("limit")
     }
-    np.testing.assert_allclose(curves["alpha"].get_xdata(), [100, 300])
-    np.testing.assert_allclose(curves["alpha"].get_ydata(), [0.02, 0.07])
-    np.testing.assert_allclose(curves["beta"].get_ydata(), [0.01, 0.04])
+    np.testing.assert_allclose(xs(curves["alpha"]), [100, 300])
+    np.testing.assert_allclose(ys(curves["alpha"]), [0.02, 0.07])
+    np.testing.assert_allclose(ys(curves["beta"]), [0.01, 0.04])
 
 
 def test_mitigation_plot_places_one_point_per_method_and_policy(
@@ -209,8 +219,8 @@ def test_mitigation_plot_places_one_point_per_method_and_policy(
     summary = handmade_summary()
     report.plot_mitigation(summary, tmp_path / "mitigation.png")
     (ax,) = figures[0].axes
-    points = {
-        str(c.get_label()): tuple(np.round(c.get_offsets()[0], 9))
+    points: dict[str, tuple[float, ...]] = {
+        str(c.get_label()): tuple(float(v) for v in np.round(np.asarray(c.get_offsets())[0], 9))
         for c in ax.collections
         if isinstance(c, PathCollection)
     }
@@ -222,7 +232,7 @@ def test_mitigation_plot_places_one_point_per_method_and_policy(
             "beta / speculate": (8.0, 5.0),
         }
     )
-    assert 25.0 in [line.get_ydata()[0] for line in ax.get_lines()]  # the limit, in percent
+    assert 25.0 in [ys(line)[0] for line in ax.get_lines()]  # the limit, in percent
 
 
 def test_written_pngs_show_each_methods_colour(tmp_path: Path) -> None:
