@@ -15,6 +15,18 @@ for tool in java mvn; do
     fi
 done
 
+# kcat (Debian package): the foreign-producer test (tests/test_foreign_producer.py) drives the pipeline
+# with it, as a user attaching their own producer would. Installed when missing and we are root.
+if ! command -v kcat >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat
+    else
+        echo "warning: 'kcat' is not on PATH, and only root with apt-get can install it here: install it" \
+            "yourself (sudo apt-get install kcat, or brew install kcat), or tests/test_foreign_producer.py fails." >&2
+    fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
