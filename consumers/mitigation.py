@@ -40,6 +40,12 @@ committed offsets. The cost is proportional to the retained input (and input del
 missing from the rebuilt state). A production deployment would instead write a snapshot of the state
 to a compacted topic in the same transaction as the commands and restore from it.
 
+Foreign producers: a task or job event that arrived on a partition other than its job's murmur2
+partition is skipped here (`straggler.kafka.routing`): the worker forwards it, unchanged, to that
+partition (or dead-letters it if it has no key or another key than its job id), and the consumer
+reads the forwarded copy, next to the job's predictions. So each record of a job is folded once, by
+the instance that owns the job.
+
 Deployment notes: all input topics must be co-partitioned (same partition count, keyed by job id) and
 assigned with the ``range`` assignor (set here), so one instance sees all of a job's records; each
 instance of a group needs its own ``transactional_id`` (the default ``<group>-tx`` suits one instance).
@@ -89,6 +95,7 @@ from straggler.core.policies import MitigationPolicy
 from straggler.core.policy_spec import make_policy
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.routing import is_home
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
 
 log = logging.getLogger(__name__)
@@ -154,8 +161,13 @@ class _Job:
 class MitigationState:
     """The deterministic fold from input records to commands (see the module docstring)."""
 
-    def __init__(self, policy: str, checkpoint_interval: float = 300.0) -> None:
+    def __init__(
+        self, policy: str, checkpoint_interval: float = 300.0, partitions: int | None = None
+    ) -> None:
         self.policy_spec = policy
+        self.partitions = partitions
+        """The input topics' partition count: task and job events off their job's murmur2 partition
+        are skipped (the worker forwards them there). None: every record is folded."""
         self.policy: MitigationPolicy = make_policy(policy, checkpoint_interval)
         self._jobs: dict[str, _Job] = {}
         self._closed: set[str] = set()
@@ -173,13 +185,21 @@ class MitigationState:
         """Jobs whose state is held (not yet dropped after their end)."""
         return frozenset(self._jobs)
 
-    def process(self, msg_value: bytes | None, topic: str, partition: int, offset: int) -> list[Output]:
+    def process(
+        self, msg_value: bytes | None, topic: str, partition: int, offset: int, key: bytes | None = None
+    ) -> list[Output]:
         """Fold one input record into the state; return the commands and dead letters it causes."""
         try:
             event = decode(msg_value)
         except SchemaError as error:
             self.dead_letters += 1
             return [dead_letter_for(msg_value, topic, partition, offset, error)]
+        if (
+            self.partitions is not None
+            and isinstance(event, TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent)
+            and not is_home(key, event.job_id, partition, self.partitions)
+        ):
+            return []  # the worker forwards it to its job's partition, or dead-letters it
         if isinstance(event, PredictionBatch):
             try:
                 predictions, marker = expand_predictions(event)
@@ -407,9 +427,11 @@ class MitigationConsumer:
     def inputs(self) -> list[str]:
         return [self.topics.predictions, self.topics.checkpoints, self.topics.job_events]
 
-    def process(self, msg_value: bytes | None, topic: str, partition: int, offset: int) -> list[Output]:
+    def process(
+        self, msg_value: bytes | None, topic: str, partition: int, offset: int, key: bytes | None = None
+    ) -> list[Output]:
         """The fold step the loop runs for every record (see `MitigationState.process`)."""
-        return self._state.process(msg_value, topic, partition, offset)
+        return self._state.process(msg_value, topic, partition, offset, key)
 
     def run(
         self,
@@ -465,6 +487,15 @@ class MitigationConsumer:
                 stop_serving()
         return self._stats
 
+    def _input_partitions(self, consumer: Consumer) -> int:
+        """The partition count of ``task-checkpoints`` (assigned, so it exists): where a job's records
+        belong (murmur2)."""
+        topic = self.topics.checkpoints
+        described = consumer.list_topics(topic, timeout=COMMITTED_TIMEOUT_S).topics.get(topic)
+        if described is None or described.error is not None or not described.partitions:
+            raise KafkaException(f"cannot describe input topic {topic!r}")
+        return len(described.partitions)
+
     def _beat(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat()
@@ -501,7 +532,11 @@ class MitigationConsumer:
         try:
             for message in records:
                 outputs = self.process(
-                    message.value(), message.topic() or "", message.partition() or 0, message.offset() or 0
+                    message.value(),
+                    message.topic() or "",
+                    message.partition() or 0,
+                    message.offset() or 0,
+                    message.key(),
                 )
                 produced += outputs
                 for output in outputs:
@@ -574,7 +609,7 @@ class MitigationConsumer:
         self._beat()
         committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions else []
         targets = {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
-        state = MitigationState(self.policy_spec, self.checkpoint_interval)
+        state = MitigationState(self.policy_spec, self.checkpoint_interval, self._input_partitions(consumer))
         replayed = self._replay(state, targets)
         self._state = state
         self._stats.rebuilt_records += replayed
@@ -615,7 +650,7 @@ class MitigationConsumer:
                             raise KafkaException(error)
                         continue
                     if offset < end:
-                        state.process(message.value(), where[0], where[1], offset)
+                        state.process(message.value(), where[0], where[1], offset, message.key())
                         replayed += 1
                     if offset + 1 >= end:
                         done.append(where)

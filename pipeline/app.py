@@ -12,7 +12,9 @@ boundary, publishes the checkpoint's verdicts as ``prediction_batch`` records (o
 checkpoint, in parts within 64 KiB; the last part completes the checkpoint). Jobs that send no
 boundaries (live telemetry) are evaluated on a timer: the timer publishes a boundary into the job's
 own partition, so every evaluation happens in-stream, where table writes go to the right changelog
-partition.
+partition. A record that arrived on a partition other than its job's (a foreign producer's
+partitioner) is first forwarded there, unchanged (`straggler.kafka.routing`), so a job's state and
+ticks live on one partition whoever produced it.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision
 from straggler.core.registry import load_trained_method, make_method
 from straggler.kafka.names import TopicNames
+from straggler.kafka.routing import Forward, Reject, route
 from straggler.kafka.security import current_security, faust_credentials
 
 log = logging.getLogger(__name__)
@@ -96,6 +99,8 @@ class AgentStats:
     predictions: int = 0
     dead_letters: int = 0
     ignored: int = 0
+    forwarded: int = 0
+    """Input records copied to their job's partition (`straggler.kafka.routing`)."""
 
 
 def _nan_to_none(value: float) -> float | None:
@@ -212,6 +217,10 @@ def create_app(settings: WorkerSettings) -> faust.App:
     predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
     dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
     boundaries = app.topic(names.checkpoints, key_type=bytes, value_type=bytes)
+    home_topics = {
+        names.checkpoints: boundaries,
+        names.job_events: app.topic(names.job_events, key_type=bytes, value_type=bytes),
+    }
     # Rows are bytes we encode ourselves: without key_type/value_type=bytes Faust writes them raw but
     # decodes the changelog as JSON on recovery, and a restarted worker never finishes recovering.
     tables = {
@@ -370,11 +379,31 @@ def create_app(settings: WorkerSettings) -> faust.App:
             except SchemaError as error:
                 await dead_letter(event, error)
                 continue
+            if isinstance(decoded, TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent):
+                message = event.message
+                where = route(message.key, decoded.job_id, message.partition, settings.partitions)
+                if isinstance(where, Forward):
+                    await forward(event, where.partition)
+                    continue
+                if isinstance(where, Reject):
+                    await dead_letter(event, where.reason)
+                    continue
             try:
                 await handle(event, decoded)
             except Exception as error:  # one bad event must not stop the agent
                 log.exception("failed on %s event of job %r", decoded.type, getattr(decoded, "job_id", None))
                 await dead_letter(event, f"internal error: {type(error).__name__}: {error}")
+
+    async def forward(event: EventT, partition: int) -> None:
+        """Copy a misplaced record, unchanged, to its job's partition of the same topic.
+
+        Sends keep their order per partition, so one producer's records of a job stay in order; the
+        source offset is committed only after the copy is on the broker (`drain_fully`), so a crash
+        forwards it again at worst: a repeated observation, boundary or start changes nothing.
+        """
+        stats.forwarded += 1
+        message = event.message
+        await home_topics[message.topic].send(key=message.key, value=message.value, partition=partition)
 
     async def handle(event: EventT, decoded: object) -> None:
         if isinstance(decoded, TaskCheckpoint | TaskBatch | CheckpointBoundary):

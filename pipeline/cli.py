@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.app import WorkerSettings
 
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
@@ -27,6 +31,9 @@ def _worker(args: argparse.Namespace) -> int:
         datadir=args.datadir,
         admm_interval=args.admm_interval,
     )
+    mismatch = _partition_mismatch(settings)
+    if mismatch:
+        raise SystemExit(f"error: {mismatch}")
     create_changelog_topics(settings)
     if settings.admm_interval is not None:
         from pipeline.admm_online import create_topics
@@ -41,6 +48,22 @@ def _worker(args: argparse.Namespace) -> int:
     worker = Worker(app, loglevel=args.loglevel, quiet=True)
     worker.execute_from_commandline()
     return 0
+
+
+def _partition_mismatch(settings: WorkerSettings) -> str | None:
+    """Why the input topics do not have ``--partitions`` partitions (None when they do, or do not exist
+    yet): records are forwarded to their job's murmur2 partition of that count, which must be real."""
+    from straggler.kafka.topics import partition_count
+
+    names = settings.topics
+    for topic in (names.checkpoints, names.job_events):
+        try:
+            actual = partition_count(settings.bootstrap, topic)
+        except KeyError:
+            continue
+        if actual != settings.partitions:
+            return f"topic {topic!r} has {actual} partitions; start the worker with --partitions {actual}"
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

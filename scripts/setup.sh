@@ -15,13 +15,20 @@ for tool in java mvn; do
     fi
 done
 
-# Headless Chromium renders the live view in tests/test_liveview.py (Debian's package; needs root).
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+# Debian packages some tests drive, as a user would: headless Chromium renders the live view
+# (tests/test_liveview.py) and kcat attaches a foreign producer (tests/test_foreign_producer.py).
+# Installed when missing and we are root with apt-get; otherwise those tests fail, so say so.
+missing=()
+command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
-        echo "warning: chromium is missing and this is not root with apt-get, so the live view's browser" \
-            "test (tests/test_liveview.py) will fail. Install it: sudo apt-get install chromium" >&2
+        echo "warning: ${missing[*]} missing, and only root with apt-get can install them here: install them" \
+            "yourself (sudo apt-get install ${missing[*]}), or tests/test_liveview.py and" \
+            "tests/test_foreign_producer.py fail." >&2
     fi
 fi
 
