@@ -9,9 +9,14 @@ changelog partition of the job's own partition (the topics are co-partitioned):
             row, so the changelog grows with records, not with task observations.
 ``jobs``    one row per job: expected tasks, feature names, model version, size of the finished set
             at the last fit, whether it is calibrated, last evaluated checkpoint, live or replayed.
-``models``  the fitted method of each job, pickled at every refit (about 15 per job) under
-            ``job \x1f version``, so a recovered worker predicts with exactly the model it had, instead
-            of a refit on different data.
+``models``  the fitted method of each job at every refit (about 15 per job) under ``job \x1f version``,
+            so a recovered worker predicts with exactly the model it had, instead of a refit on
+            different data. Stored as data, never as a pickle (`pipeline.model_codec`: the method's
+            `get_state`, XGBoost models in XGBoost's own format, arrays in an ``.npz`` read without
+            pickle): anyone who can write to the changelog could otherwise run code in the worker.
+            A row that is not a model of the worker's method and parameters (a pickle, a malformed
+            or foreign row) is logged and the job refitted at its next checkpoint, as when the row is
+            missing; recovery is exact for every row a worker wrote itself.
 
 The in-memory ``OnlineJob`` objects are a cache derived from the tables: dropped whenever partitions
 are revoked or assigned, rebuilt from the tables on the next event of the job (the task rows applied
@@ -35,9 +40,9 @@ from exactly the state it first saw.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
-import pickle
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +50,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.model_codec import ModelRecordError, decode_model, encode_model
 from straggler.core.jobstate import TaskRecord, TaskStatus
 from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
@@ -197,16 +203,26 @@ class JobStore:
         job.fitted_on = meta.fitted_on
         job.calibrated = meta.calibrated
         if meta.model_version > 0:
-            model = self.models.get(model_key(job_id, meta.model_version))
-            if model is not None:
-                job.method = pickle.loads(model)
-            else:  # only if the changelog itself lost a durable write: refit at the next checkpoint
-                log.error("job %r: model version %d is missing; refitting", job_id, meta.model_version)
-                job.fitted_on = 0
-                job.calibrated = False
+            self._restore_model(job, meta.model_version)
         next_sequence = int(rows[-1][0].rsplit(SEPARATOR.encode(), 1)[1]) + 1 if rows else 0
         self._cache[job_id] = _CachedJob(meta, job, next_sequence)
         return job
+
+    def _restore_model(self, job: OnlineJob, version: int) -> None:
+        """Give ``job`` its stored model ``version``; if the row is missing (the changelog lost a
+        durable write) or not a model of the worker's method (`ModelRecordError`: never unpickled,
+        never run), log it and leave the job fresh, to be refitted at its next checkpoint."""
+        model = self.models.get(model_key(job.job_id, version))
+        if model is None:
+            log.error("job %r: model version %d is missing; refitting", job.job_id, version)
+        else:
+            try:  # onto a copy: a row rejected half-way must not leave part of its state behind
+                job.method = decode_model(model, copy.deepcopy(job.method))
+                return
+            except ModelRecordError as error:
+                log.error("job %r: model version %d rejected (%s); refitting", job.job_id, version, error)
+        job.fitted_on = 0
+        job.calibrated = False
 
     @staticmethod
     def _rows(table: MutableMapping[bytes, bytes], prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
@@ -253,7 +269,7 @@ class JobStore:
                 self.put_task(job, d.task_id)
         self.write_changes(job_id)
         if job.model_version != version_before:
-            self.models[model_key(job_id, job.model_version)] = pickle.dumps(job.method)
+            self.models[model_key(job_id, job.model_version)] = encode_model(job.method)
         return decisions
 
     def record_evaluation(self, at: float, job: OnlineJob, meta: JobMeta) -> None:

@@ -8,13 +8,18 @@ standing in for the three tables.
 from __future__ import annotations
 
 import asyncio
+import logging
+import pickle
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline import durability
 from pipeline.durability import complete_flush
-from pipeline.jobstore import JobStore, new_online_job
+from pipeline.jobstore import JobStore, model_key, new_online_job
+from pipeline.model_codec import decode_model
 from straggler.core.nurd import make_nurd
 from straggler.core.online import Decision
 from straggler.evaluation import observe_interval
@@ -142,6 +147,42 @@ def test_a_missing_model_version_means_a_refit_not_a_crash(trace: JobTrace) -> N
     job = store_over(broken).job(trace.job_id)
     assert job is not None
     assert job.fitted_on == 0 and job.model_version > 0
+
+
+class RunsCode:
+    """A pickle that runs code when loaded: it writes ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('ran')",))
+
+
+@pytest.mark.parametrize("kind", ["pickle that runs code", "malformed row"])
+def test_a_crafted_model_row_is_refused_and_the_job_refitted(
+    trace: JobTrace, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """Whoever writes to the models changelog cannot run code in the worker: the row the job row names
+    is refused (logged), the job is rebuilt unfitted and refits at its next checkpoint, as when the
+    row is missing."""
+    _, committed, t, _ = cut_at_refit_with_flags(trace)
+    marker = tmp_path / "ran"
+    evil = copy_of(committed)
+    (key,) = evil[2]
+    evil[2][key] = pickle.dumps(RunsCode(marker)) if kind == "pickle that runs code" else evil[2][key][:-40]
+    store = store_over(evil)
+    with caplog.at_level(logging.ERROR, logger="pipeline.jobstore"):
+        job = store.job(trace.job_id)
+    assert not marker.exists(), "the crafted pickle ran"
+    assert job is not None and job.fitted_on == 0 and not job.calibrated
+    assert not hasattr(job.method, "regressor_"), "the refused row left state behind"
+    assert f"model version {job.model_version} rejected" in caplog.text
+    version = job.model_version
+    store.evaluate(trace.job_id, t + 1.0)
+    assert job.model_version == version + 1, "the job was not refitted"
+    refitted = decode_model(evil[2][model_key(trace.job_id, version + 1)], make_nurd("nurd"))
+    assert refitted.regressor_ is not None  # type: ignore[attr-defined]
 
 
 class SlowBuffer:

@@ -26,15 +26,16 @@ No Kafka import here: this module is numpy/scipy only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, Self
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 import numpy as np
 from scipy import special
 
 from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser
+from straggler.core.state import STANDARDISER, StateCodec
 from straggler.kafka.partitioner import partition_of  # pure: the placement, not a Kafka client
 
 if TYPE_CHECKING:
@@ -426,6 +427,14 @@ def centralised_logistic(node_datasets: Sequence[NodeData], lam: float = 1.0) ->
 # --------------------------------------------------------------------------------------------------
 
 
+def _load_history(state: dict[str, Any]) -> ConsensusHistory:
+    rounds = [RoundRecord(**r) for r in state.pop("rounds")]
+    return ConsensusHistory(**state, rounds=rounds)
+
+
+CONSENSUS_HISTORY = StateCodec(asdict, lambda s: _load_history(dict(s)))
+
+
 class Admm(StragglerMethod):
     """Collaborative straggler prediction: one logistic classifier learned across jobs by consensus
     ADMM over the agent's partitions, each partition's finished tasks staying where they are.
@@ -442,6 +451,10 @@ class Admm(StragglerMethod):
     name: ClassVar[str] = "admm"
     predicts_latency: ClassVar[bool] = False
     learns_across_jobs: ClassVar[bool] = True
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
+        "scaler_": STANDARDISER,
+        "history_": CONSENSUS_HISTORY,
+    }
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 import numpy as np
@@ -32,6 +33,15 @@ from sklearn.tree import DecisionTreeClassifier
 
 from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, fill_missing, nan_column_means
+from straggler.core.state import (
+    BOOSTER,
+    DECISION_TREE,
+    STANDARDISER,
+    StateCodec,
+    linear_model,
+    listed,
+    optional,
+)
 
 #: Latencies and elapsed times are floored here (seconds) before taking logs or negating for Cox.
 TIME_FLOOR = 1e-3
@@ -106,6 +116,10 @@ class Wrangler(StragglerMethod):
     name: ClassVar[str] = "wrangler"
     predicts_latency: ClassVar[bool] = False
     needs_granted_labels: ClassVar[bool] = True
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
+        "scaler_": STANDARDISER,
+        "model_": optional(linear_model(LinearSVC)),
+    }
 
     def __init__(self, C: float = 1.0, max_iter: int = 5000, random_state: int = 0) -> None:
         self.C = C
@@ -163,6 +177,11 @@ def _oversample_minority(X: FloatArray, y: BoolArray, random_state: int) -> tupl
 
 class _PULearner(StragglerMethod):
     """What the two PU learners share: finished tasks are the labelled class, running ones unlabelled."""
+
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
+        "scaler_": STANDARDISER,
+        "model_": linear_model(LogisticRegression),
+    }
 
     def _scaled_classes(self, data: CheckpointData) -> tuple[FloatArray, FloatArray] | None:
         """Both classes scaled with what the checkpoint shows; None (``fallback_``) with fewer than 2
@@ -237,6 +256,10 @@ class PUBagging(_PULearner):
 
     name: ClassVar[str] = "pu-bg"
     predicts_latency: ClassVar[bool] = False
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
+        "scaler_": STANDARDISER,
+        "trees_": listed(DECISION_TREE),
+    }
 
     def __init__(
         self,
@@ -334,6 +357,7 @@ class Tobit(StragglerMethod):
 
     name: ClassVar[str] = "tobit"
     predicts_latency: ClassVar[bool] = True
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {"scaler_": STANDARDISER}
 
     def __init__(self, alpha: float = 1.0, max_iter: int = 200) -> None:
         self.alpha = alpha
@@ -447,6 +471,7 @@ class Grabit(StragglerMethod):
 
     name: ClassVar[str] = "grabit"
     predicts_latency: ClassVar[bool] = True
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {"booster_": BOOSTER}
 
     def __init__(
         self,
@@ -514,6 +539,7 @@ class CoxPH(StragglerMethod):
 
     name: ClassVar[str] = "coxph"
     predicts_latency: ClassVar[bool] = False
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {"booster_": BOOSTER}
 
     def __init__(
         self, n_estimators: int = 50, max_depth: int = 4, learning_rate: float = 0.1, random_state: int = 0

@@ -8,16 +8,23 @@ stored as given in ``__init__`` (no work there) and learned state ends with ``_`
 The job driver (`straggler.core.online.OnlineJob`) decides *when* to call ``fit`` (the refit rule)
 and calls ``calibrate`` once per job, at its first prediction checkpoint. The driver, not the
 method, enforces that a predicted latency is never below the task's elapsed time.
+
+A fitted method gives its learned state as plain data (`StragglerMethod.get_state`, see
+`straggler.core.state`) and takes it back on a fresh method with the same parameters (``set_state``):
+what the worker stores at every refit, so that reading a stored model back can never run code.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import NDArray
+
+from straggler.core.state import State, StateCodec, dump_attributes, load_attributes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -139,6 +146,8 @@ class StragglerMethod(ABC):
     #: True for methods trained on other, complete jobs before they see this one (START, ADMM);
     #: the evaluator cross-fits them by job, the worker loads them from ``straggler train``'s file
     learns_across_jobs: ClassVar[bool] = False
+    #: learned attributes that are not plain state values, and how each becomes one
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {}
 
     def calibrate(self, data: CheckpointData) -> None:  # noqa: B027 - optional hook
         """Called once per job, at its first prediction checkpoint, before the first ``fit``."""
@@ -169,3 +178,14 @@ class StragglerMethod(ABC):
 
         names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
         return {n: getattr(self, n) for n in names}
+
+    def get_state(self) -> State:
+        """Everything learned so far as plain data (`straggler.core.state`): the learned attributes,
+        those named in ``state_codecs`` converted. `set_state` on a fresh method with the same
+        parameters gives back a method that decides exactly as this one."""
+        return dump_attributes(self, self.state_codecs)
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what `get_state` returned (on a fresh method with the same parameters); raises
+        ValueError, TypeError or KeyError on state that is not shaped as this method's."""
+        load_attributes(self, state, self.state_codecs)

@@ -37,9 +37,9 @@ One class, several presets (see `PRESETS`):
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 import xgboost as xgb
@@ -51,6 +51,15 @@ from sklearn.model_selection import KFold
 
 from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
+from straggler.core.state import (
+    STANDARDISER,
+    XGB_REGRESSOR,
+    State,
+    StateCodec,
+    linear_model,
+    listed,
+    optional,
+)
 from straggler.core.survival import LatencySurvival
 
 Weighting = Literal["none", "paper", "nc", "density"]
@@ -87,6 +96,11 @@ class Nurd(StragglerMethod):
     """NURD and its ablations; parameters as in scikit-learn, learned state ends with ``_``."""
 
     name = "nurd"
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
+        "scaler_": STANDARDISER,
+        "regressor_": optional(XGB_REGRESSOR),
+        "propensity_": optional(linear_model(LogisticRegression)),
+    }
 
     def __init__(
         self,
@@ -456,6 +470,28 @@ class Nurd(StragglerMethod):
         flag = probability >= self.flag_probability
         return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, probability, flag)
 
+    def get_state(self) -> State:
+        """Learned state, with the rankings (gate "calibrated") and past fits (warm start) as data."""
+        state = super().get_state()
+        if "rankings_" in state:
+            state["rankings_"] = RANKINGS.dump(self.rankings_)
+        if "history_" in state:
+            state["history_"] = [fit.get_state() for fit in self.history_]
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        rest = {k: v for k, v in state.items() if k not in ("rankings_", "history_")}
+        super().set_state(rest)
+        if "rankings_" in state:
+            self.rankings_ = RANKINGS.load(state["rankings_"])
+        if "history_" in state:
+            past = []
+            for fit_state in state["history_"]:
+                fit = Nurd(**self.get_params())
+                fit.set_state(fit_state)
+                past.append(fit)
+            self.history_ = past
+
     def diagnostics(self) -> dict[str, Any]:
         """Learned quantities worth logging with a model version."""
         return {
@@ -477,6 +513,31 @@ class _Ranking:
     prior_logit: FloatArray
     shadow: FloatArray
     """The probability the candidate calibrator of that fit gave (NaN: none), to judge it later."""
+
+
+def _dump_ranking(r: _Ranking) -> State:
+    return {
+        "ids": r.ids,
+        "start": r.start,
+        "percentile": r.percentile,
+        "prior_logit": r.prior_logit,
+        "shadow": r.shadow,
+    }
+
+
+def _load_ranking(state: Mapping[str, Any]) -> _Ranking:
+    ids = state["ids"]
+    if not isinstance(ids, tuple) or not all(isinstance(i, str) for i in ids):
+        raise ValueError("a ranking's ids are a tuple of str")
+    arrays = [
+        np.asarray(state[k], dtype=np.float64) for k in ("start", "percentile", "prior_logit", "shadow")
+    ]
+    if any(a.shape != (len(ids),) for a in arrays):
+        raise ValueError("a ranking's arrays do not match its ids")
+    return _Ranking(ids, *arrays)
+
+
+RANKINGS = listed(StateCodec(_dump_ranking, _load_ranking))
 
 
 def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:

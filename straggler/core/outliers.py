@@ -15,6 +15,12 @@ XGBOD is left out: it is supervised (it needs outlier labels to train), and no s
 exists online.
 
 PyOD is the optional extra ``outliers``; it is imported at ``fit`` so this module imports without it.
+Stored state (`get_state`) holds the scaler and the nominal population, not the PyOD detector (it
+wraps scikit-learn estimators that have no format but pickle): `set_state` refits the detector on
+that population, which gives the detector the fit made (every detector here is seeded or
+deterministic; tests/test_model_state.py checks each decides the same after a restore). LSCP also
+draws from its random generator at every ``decision_function``: the generator's state is stored too.
+
 Fallbacks (reactive rule ``elapsed >= threshold``, ``fallback_ = True``): fewer than
 ``min_reference`` finished tasks, no varying feature among them, or a detector that cannot fit
 the data (e.g. CBLOF finds no large/small cluster split, MCD a singular covariance).
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar, Self
 
@@ -34,6 +40,7 @@ from sklearn.exceptions import ConvergenceWarning
 from straggler.core.baselines import reactive_scores
 from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser
+from straggler.core.state import STANDARDISER, State, StateCodec
 
 _MISSING_PYOD = "the outlier-detection baselines need PyOD: pip install 'straggler-stream[outliers]'"
 
@@ -67,6 +74,7 @@ class PyODDetector(StragglerMethod):
     transductive: ClassVar[bool] = False
     #: fewer finished tasks than this and the detector falls back to the reactive rule
     min_reference: ClassVar[int] = 10
+    detector_: Any
 
     def __init__(
         self, contamination: float = 0.1, max_reference: int | None = None, random_state: int = 0
@@ -75,9 +83,33 @@ class PyODDetector(StragglerMethod):
         self.max_reference = max_reference
         self.random_state = random_state
 
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {"scaler_": STANDARDISER}
+
     def build(self, n_reference: int) -> Any:
         """A fresh PyOD detector for ``n_reference`` nominal rows (neighbourhoods capped below it)."""
         raise NotImplementedError
+
+    def get_state(self) -> State:
+        """Learned state without the detector: `set_state` refits it on ``reference_``."""
+        state = super().get_state()
+        detector = state.pop("detector_", None)
+        rng = getattr(detector, "random_state", None)
+        if isinstance(rng, np.random.RandomState):  # LSCP draws from it at every decision_function
+            state["detector_rng_"] = rng.get_state(legacy=True)
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore the scaler and population, and refit the detector on the population (deterministic)."""
+        if "detector_" in state:
+            raise ValueError("a detector is refitted, never stored")
+        rng = state.get("detector_rng_")
+        super().set_state({k: v for k, v in state.items() if k != "detector_rng_"})
+        if not self.transductive and state.get("fallback_") is False:
+            reference = np.asarray(self.reference_, dtype=np.float64)
+            with _quiet_pyod():
+                self.detector_ = self.fit_detector(reference)
+            if rng is not None:
+                self.detector_.random_state.set_state(rng)
 
     def fit_detector(self, Z: FloatArray) -> Any:
         """Fit a fresh detector on ``Z``; overridden where a detector needs a second attempt."""
@@ -100,7 +132,7 @@ class PyODDetector(StragglerMethod):
         else:
             with _quiet_pyod():
                 try:
-                    self.detector_: Any = self.fit_detector(self.reference_)
+                    self.detector_ = self.fit_detector(self.reference_)
                 except _UNFITTABLE:
                     return self
         self.fallback_ = False

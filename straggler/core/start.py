@@ -30,7 +30,7 @@ Adaptations to this project, all documented in docs/results/start/SECTION.md:
   ``alpha -> 1+``); training targets are clipped to ``[1, ALPHA_MAX]``.
 
 Torch is imported only in `StartMethod.fit_population`; the fitted method keeps its weights as numpy
-arrays and predicts with numpy (`numpy_step`, the network's forward pass), so it pickles small and
+arrays and predicts with numpy (`numpy_step`, the network's forward pass), so its state is plain arrays and
 workers need not import torch. `StartMethod.init_population` sets a START up without torch (the
 scaling of training, weights drawn as PyTorch initialises them), so inference runs and is tested
 where the ``start`` extra is not installed.
