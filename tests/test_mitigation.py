@@ -602,6 +602,7 @@ def test_bad_records_go_to_dead_letters_and_the_rest_is_unchanged(
     by_offset = {}
     for key, _, letter in letters:
         assert isinstance(letter, DeadLetter)
+        assert letter.stage == "mitigator"
         assert key == b"j"
         assert letter.source_topic == topics.predictions
         by_offset[letter.source_offset] = letter
