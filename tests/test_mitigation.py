@@ -48,6 +48,7 @@ from schemas import (
     decode,
     encode,
 )
+from schemas.events import TaskStatus
 from straggler.core.policies import Unlimited
 from straggler.kafka.config import consumer_config, producer_config
 from straggler.kafka.names import TopicNames
@@ -55,8 +56,8 @@ from straggler.kafka.topics import create_topics
 
 PARTITIONS = 4
 INTERVAL = 300.0
-IDLE_S = 5.0
 RUN_LIMIT_S = 180.0
+"""Safety stop of a consumer run; runs end when the group has committed all its input."""
 REPO = Path(__file__).resolve().parents[1]
 
 InputEvent = TaskCheckpoint | JobEvent | CheckpointBoundary | CheckpointEvaluated | Prediction
@@ -263,20 +264,43 @@ def committed_commands(bootstrap: str, topics: TopicNames) -> list[RelaunchComma
     return commands
 
 
-def run_in_thread(consumer: MitigationConsumer, **kwargs: float | int) -> MitigationStats:
-    """Run the consumer in a thread (bounded by its idle timeout, and by ``stop`` as a safety net)."""
+def input_consumed(bootstrap: str, group: str, topics: TopicNames) -> bool:
+    """Whether ``group`` has committed every partition of the mitigator's inputs up to its end.
+
+    The inputs are written without transactions, so the end offset is the last record's plus one."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        inputs = (topics.predictions, topics.checkpoints, topics.job_events)
+        partitions = [TopicPartition(topic, p) for topic in inputs for p in range(PARTITIONS)]
+        for tp in probe.committed(partitions, timeout=30):
+            if max(tp.offset, 0) < probe.get_watermark_offsets(tp, timeout=30)[1]:
+                return False
+        return True
+    finally:
+        probe.close()
+
+
+def run_in_thread(consumer: MitigationConsumer, **kwargs: int) -> MitigationStats:
+    """Run the consumer in a thread until it returns by itself (``max_messages``) or has committed all
+    its input (a condition, not an idle clock); `RUN_LIMIT_S` is only a safety stop."""
     stop = threading.Event()
     result: dict[str, MitigationStats | BaseException] = {}
 
     def target() -> None:
         try:
-            result["stats"] = consumer.run(stop=stop, idle_timeout=IDLE_S, **kwargs)  # type: ignore[arg-type]
+            result["stats"] = consumer.run(stop=stop, **kwargs)
         except BaseException as exc:
             result["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    thread.join(RUN_LIMIT_S)
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.5)
+        if "max_messages" not in kwargs and input_consumed(
+            consumer.bootstrap, consumer.group_id, consumer.topics
+        ):
+            break
     stop.set()
     thread.join(30)
     assert not thread.is_alive(), "the consumer did not stop"
