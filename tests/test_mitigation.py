@@ -702,13 +702,18 @@ def _start_then_wait_for_a_command(
 def _resume(
     bootstrap: str, topics: TopicNames, command: list[str], stream: Stream, head: int
 ) -> dict[str, int]:
-    """Produce the rest of the stream and run a new instance until it is idle; return its stats."""
+    """Produce the rest of the stream and run a new instance until its group has committed all the input
+    (then SIGTERM: it commits and leaves); return its stats."""
     produce_stream(bootstrap, topics, Stream(stream.events[head:]))
-    resumed = subprocess.run(
-        [*command, "--idle-timeout", str(IDLE_S)], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    stats: dict[str, int] = orjson.loads(resumed.stdout.strip().splitlines()[-1])
+    resumed = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    group = command[command.index("--group") + 1]
+    try:
+        _wait_for(lambda: input_consumed(bootstrap, group, topics) or resumed.poll() is not None, "the input")
+    finally:
+        resumed.send_signal(signal.SIGTERM)
+        out, err = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, err
+    stats: dict[str, int] = orjson.loads(out.strip().splitlines()[-1])
     return stats
 
 
@@ -833,7 +838,8 @@ def test_a_failed_or_killed_run_reaches_the_policy_before_the_checkpoint_it_prec
     stream = Stream()
     stream.start("j", 3)
     stream.finish("j", "a", 250.0, 200.0)
-    for task, status, at in (("b", "failed", 260.0), ("c", "killed", 310.0)):
+    gone: tuple[tuple[str, TaskStatus, float], ...] = (("b", "failed", 260.0), ("c", "killed", 310.0))
+    for task, status, at in gone:
         stream.events.append(
             TaskCheckpoint(
                 job_id="j",

@@ -826,18 +826,23 @@ def test_command_id_is_stable_and_unambiguous() -> None:
     "event", [SAMPLES[i] for i, e in enumerate(SAMPLES) if e.type in ("prediction", "relaunch_command")]
 )
 def test_version_1_records_still_decode_and_version_2_names_the_attempt(event: Any) -> None:
+    def attempt(obj: dict[str, Any]) -> int | None:
+        decoded = decode(orjson.dumps(obj))
+        assert isinstance(decoded, Prediction | RelaunchCommand)
+        return decoded.attempt
+
     body = {k: v for k, v in event.to_dict().items() if k != "straggle_probability"}
-    written = {**body, "attempt": 2, "schema_version": 2}
-    assert decode(orjson.dumps(written)).attempt == 2
+    assert attempt({**body, "attempt": 2, "schema_version": 2}) == 2
     old = {k: v for k, v in body.items() if k != "attempt"} | {"schema_version": 1}
-    assert decode(orjson.dumps(old)).attempt is None
+    assert attempt(old) is None
     with pytest.raises(SchemaError, match="unknown field"):
         decode(orjson.dumps(old | {"attempt": 0}))  # version 1 has no attempt
 
 
 def test_prediction_version_3_adds_the_straggle_probability_and_version_2_has_none() -> None:
     body = {**next(e for e in SAMPLES if e.type == "prediction").to_dict(), "attempt": 1}
-    assert decode(orjson.dumps(body | {"straggle_probability": 0.75})).straggle_probability == 0.75
+    decoded = decode(orjson.dumps(body | {"straggle_probability": 0.75}))
+    assert isinstance(decoded, Prediction) and decoded.straggle_probability == 0.75
     with pytest.raises(SchemaError, match="unknown field"):
         decode(orjson.dumps(body | {"schema_version": 2, "straggle_probability": 0.75}))
     with pytest.raises(SchemaError, match="must be <= 1"):
