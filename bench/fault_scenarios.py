@@ -859,7 +859,7 @@ BAD_REASON = {
 }
 """What each kind's dead letter must say (the rule `schemas.SchemaError` names, or the agent's reason);
 ``{index}``: the observation's index in its batch."""
-BATCH_INDEX = re.compile(r"^task_batch\.observations\[(\d+)\]")
+BATCH_INDEX = re.compile(r"\btask_batch\.observations\[(\d+)\]")
 """Where the agent's reason for a bad observation names its index in the batch."""
 
 Letter = tuple[str, int, int, int | None]
@@ -937,7 +937,7 @@ def expected_letters(kind: str, i: int, where: tuple[str, int, int]) -> list[tup
 
 def letter_place(letter: DeadLetter) -> Letter:
     """Where ``letter``'s record was read, with the observation's index if the reason names one."""
-    found = BATCH_INDEX.match(letter.error)
+    found = BATCH_INDEX.search(letter.error)
     index = int(found.group(1)) if found else None
     return letter.source_topic, letter.source_partition, letter.source_offset, index
 

@@ -156,7 +156,9 @@ def test_the_agent_letters_check_counts_what_is_missing_repeated_or_not_the_agen
     assert len(expected) == 4
 
     def letter(place: tuple[str, int, int, int | None], reason: str, stage: str = "agent") -> DeadLetter:
-        text = reason if "task_batch" in reason else f"x: {reason}"
+        text = (
+            f"SchemaError: x: {reason}" if reason.startswith("(") else f"SchemaError: {reason}"
+        )  # as the agent
         return dead_letter_for(payloads.get(place[2], b"{}"), place[0], place[1], place[2], text, stage=stage)  # type: ignore[arg-type]
 
     right = [letter(place, reason) for _, place, reason in expected]
