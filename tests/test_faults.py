@@ -8,6 +8,7 @@ they pin down the idempotence the stream tests rely on.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -266,7 +267,8 @@ def test_a_broker_restart_mid_replay_loses_and_duplicates_nothing(tmp_path: Path
     _check(result)
 
 
-def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> list[bytes]:
+@functools.cache  # the same input for every policy: computed once per module, not per parameter
+def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> tuple[bytes, ...]:
     """The mitigator's input for one job: the replayer's records, and after each boundary the offline
     evaluator's predictions and marker; the finishes of the slower half sent ``1 + repeat`` times."""
     trace = make_job(200, seed=trace_seed, job_id="j", signal=1.5, waves=4, wave_gap=30.0)
@@ -296,12 +298,12 @@ def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> list[bytes]
                 produced_at=0.0,
             )
             out.append(encode(marker))
-    return out
+    return tuple(out)
 
 
 @pytest.mark.parametrize("policy", ["mantri", "limited:2", "unlimited", "speculate"])
 def test_repeated_finish_events_do_not_change_the_mitigators_commands(policy: str) -> None:
-    def commands(values: list[bytes]) -> list[str]:
+    def commands(values: tuple[bytes, ...]) -> list[str]:
         state = MitigationState(policy, 1.0)
         return [
             output.command_id
