@@ -56,6 +56,11 @@ from straggler.kafka.topics import create_topics
 
 PARTITIONS = 4
 INTERVAL = 300.0
+COORDINATOR_NOT_READY = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+)
 RUN_LIMIT_S = 180.0
 """Safety stop of a consumer run; runs end when the group has committed all its input."""
 REPO = Path(__file__).resolve().parents[1]
@@ -267,7 +272,8 @@ def committed_commands(bootstrap: str, topics: TopicNames) -> list[RelaunchComma
 def input_consumed(bootstrap: str, group: str, topics: TopicNames) -> bool:
     """Whether ``group`` has committed every partition of the mitigator's inputs up to its end.
 
-    The inputs are written without transactions, so the end offset is the last record's plus one."""
+    The inputs are written without transactions, so the end offset is the last record's plus one. While
+    the group's coordinator moves or loads (a retriable error) the answer is no: the caller asks again."""
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         inputs = (topics.predictions, topics.checkpoints, topics.job_events)
@@ -276,6 +282,11 @@ def input_consumed(bootstrap: str, group: str, topics: TopicNames) -> bool:
             if max(tp.offset, 0) < probe.get_watermark_offsets(tp, timeout=30)[1]:
                 return False
         return True
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and (error.retriable() or error.code() in COORDINATOR_NOT_READY):
+            return False
+        raise
     finally:
         probe.close()
 
