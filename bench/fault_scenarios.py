@@ -14,15 +14,23 @@ with what the offline evaluator decides for the same traces:
 Why one module: ``tests/test_faults.py`` asserts on these results and ``bench/faults.py`` prints them,
 so the fault logic exists once. Every wait is bounded in time and every loop in count; everything
 binds to 127.0.0.1 (the broker is the caller's, or an embedded one on loopback).
+
+A scenario fails unless its fault landed: a wait that times out raises `ScenarioTimeout` (or, in the
+final check, is listed in ``timeouts``), and a fault is counted only once there is evidence of it (the
+killed process's exit, the broker's port closed, the second worker's partitions, a bad record's
+delivery).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -73,19 +81,34 @@ REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_SECONDS = 10.0
 """`make_job`'s checkpoint interval (the mitigator's horizon)."""
 POLICY = DEFAULT_POLICY
-PENDING_GRACE_S = 3.0
+PENDING_GRACE_S = 120.0
+"""How long the worker holds events of a job whose 'started' event has not arrived: far longer than
+any skew between the input topics, so no valid event is dead-lettered however loaded the machine."""
+BAD_INPUT_PENDING_GRACE_S = 10.0
+"""The bad-input scenario's grace: its events for never-started jobs must expire within the run; the
+scenario waits for their letters (a condition), and fails if a valid event was lettered."""
 SETTLE_TIMEOUT_S = 240.0
 """Longest wait for the pipeline to emit every expected marker and command after the last fault."""
 PROGRESS_TIMEOUT_S = 180.0
+"""Longest wait for a stage to show progress (first marker, first command) before a fault."""
 MITIGATOR_STALL_TIMEOUT_S = 45.0
 """The mitigator's watchdog (`consumers.watchdog`), shortened from its 90 s default so that a stuck
 consumer is restarted well within `PROGRESS_TIMEOUT_S`."""
-"""Longest wait for a stage to show progress (first marker, first command) before a fault."""
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.25
 
 Outgoing = tuple[str, str, bytes]
 """``(topic, key, value)`` of one record to produce."""
+
+
+class ScenarioFailed(RuntimeError):
+    """A scenario's fault did not land as planned (`bench/faults.py` reports the scenario as failed,
+    the tests raise)."""
+
+
+class ScenarioTimeout(ScenarioFailed):
+    """A scenario waited in vain: for progress before its fault, for evidence of the fault, or for
+    recovery."""
 
 
 # ------------------------------------------------------------------------------------- results
@@ -115,7 +138,16 @@ class ScenarioResult:
     markers_missing: int = 0
     bad_events: int = 0
     bad_not_dead_lettered: int = 0
+    """Bad records (or bad observations of a batch) the agent did not dead-letter."""
     bad_wrong_reason: int = 0
+    bad_lettered_twice: int = 0
+    """Bad records the agent dead-lettered more than once."""
+    letters_unexpected: int = 0
+    """Agent letters for records that were not bad (a valid record was rejected)."""
+    bad_by_kind: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Bad-input kind -> (bad records or observations sent, those the agent lettered once, rightly)."""
+    timeouts: list[str] = field(default_factory=list)
+    """Waits of the final check that timed out (each fails the scenario)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -128,6 +160,7 @@ class ScenarioResult:
             self.decisions_equal
             and not (self.lost or self.duplicated or self.unexpected or self.crashed)
             and not (self.markers_missing or self.bad_not_dead_lettered or self.bad_wrong_reason)
+            and not (self.bad_lettered_twice or self.letters_unexpected or self.timeouts)
         )
 
 
@@ -308,7 +341,9 @@ class Processes:
         self.running[name] = process
         return process
 
-    def start_worker(self, name: str = "worker") -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, name: str = "worker", pending_grace: float = PENDING_GRACE_S
+    ) -> subprocess.Popen[bytes]:
         """A Faust worker; the same ``name`` reuses the same data directory (a restart)."""
         return self._spawn(
             name,
@@ -321,7 +356,7 @@ class Processes:
                 "--datadir",
                 str(self.workdir / f"faust-{name}"),
                 "--pending-grace",
-                str(PENDING_GRACE_S),
+                str(pending_grace),
                 "--loglevel",
                 "info",
             ],
@@ -350,15 +385,21 @@ class Processes:
             ],
         )
 
-    def signal(self, name: str, sig: signal.Signals) -> None:
-        """Send ``sig`` to one child (a fault we inject, not a crash) and wait for it to exit."""
+    def signal(self, name: str, sig: signal.Signals) -> int:
+        """Send ``sig`` to one child (a fault we inject, not a crash) and wait for it to exit; return
+        its exit code. Raises `ScenarioFailed` if it was already gone (the fault would not land) or
+        outlives the signal (it is then killed: SIGTERM must stop a stage within `STOP_TIMEOUT_S`)."""
         process = self.running.pop(name)
+        if process.poll() is not None:
+            self.crashed.append(f"{name} exited with {process.returncode}")
+            raise ScenarioFailed(f"{name} had exited ({process.returncode}) before {sig.name}")
         process.send_signal(sig)
         try:
-            process.wait(STOP_TIMEOUT_S)
+            return process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(STOP_TIMEOUT_S)
+            raise ScenarioFailed(f"{name} did not exit within {STOP_TIMEOUT_S:g} s of {sig.name}") from None
 
     def check_alive(self) -> None:
         for name, process in list(self.running.items()):
@@ -369,7 +410,14 @@ class Processes:
     def close(self) -> None:
         self.check_alive()
         for name in list(self.running):
-            self.signal(name, signal.SIGTERM)
+            with contextlib.suppress(ScenarioFailed):  # reported by the scenario's own checks
+                self.signal(name, signal.SIGTERM)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one child; returns once its death by SIGKILL is observed (the evidence of the fault)."""
+        code = self.signal(name, signal.SIGKILL)
+        if code != -signal.SIGKILL:
+            raise ScenarioFailed(f"{name} exited with {code} before SIGKILL reached it")
 
     def log_tail(self, lines: int = 15) -> str:
         out = []
@@ -390,8 +438,10 @@ class Watch:
         group = f"fault-watch-{uuid.uuid4().hex[:8]}"
         self.markers: set[tuple[str, float]] = set()
         self.commands: list[str] = []
+        self.letters: list[DeadLetter] = []
         self._predictions = self._reader(bootstrap, group, topics.predictions)
         self._commands = self._reader(bootstrap, group, topics.commands)
+        self._letters = self._reader(bootstrap, group, topics.dead_letters)
 
     @staticmethod
     def _reader(bootstrap: str, group: str, topic: str) -> Consumer:
@@ -413,9 +463,16 @@ class Watch:
                     event = decode(message.value())
                     if isinstance(event, RelaunchCommand):
                         self.commands.append(event.command_id)
+        for message in self._letters.consume(num_messages=5000, timeout=0):
+            if message.error() is None:
+                with contextlib.suppress(SchemaError):
+                    event = decode(message.value())
+                    if isinstance(event, DeadLetter):
+                        self.letters.append(event)
 
-    def wait(self, done: Callable[[], bool], timeout: float, processes: Processes | None = None) -> float:
-        """Poll until ``done()`` (bounded by ``timeout``); return the seconds it took (NaN: timed out)."""
+    def wait(self, done: Callable[[], bool], timeout: float, processes: Processes | None, what: str) -> float:
+        """Poll until ``done()``; return the seconds it took. Raises `ScenarioTimeout`, naming ``what``
+        it waited for and ending with the children's logs, when ``timeout`` passes first."""
         started = time.monotonic()
         for _ in range(int(timeout / POLL_S) + 1):
             self.poll()
@@ -425,11 +482,14 @@ class Watch:
                 processes.check_alive()
             if time.monotonic() - started > timeout:
                 break
-        return math.nan
+        logs = "" if processes is None else "\n" + processes.log_tail()
+        crashed = "" if processes is None or not processes.crashed else f" ({'; '.join(processes.crashed)})"
+        raise ScenarioTimeout(f"timed out after {timeout:g} s waiting for {what}{crashed}{logs}")
 
     def close(self) -> None:
         self._predictions.close()
         self._commands.close()
+        self._letters.close()
 
 
 # --------------------------------------------------------------------------------- verification
@@ -444,12 +504,19 @@ def verify(
     processes: Processes,
     jobs: set[str],
 ) -> list[DeadLetter]:
-    """Wait (bounded) for every expected marker and command, count what differs; return the dead letters."""
-    watch.wait(
-        lambda: expectation.markers <= watch.markers and expectation.commands <= set(watch.commands),
-        SETTLE_TIMEOUT_S,
-        processes,
-    )
+    """Wait (bounded) for every expected marker and command, count what differs; return the dead letters.
+
+    A timeout is listed in ``result.timeouts`` (failing the scenario) and the counts say what is missing.
+    """
+    try:
+        watch.wait(
+            lambda: expectation.markers <= watch.markers and expectation.commands <= set(watch.commands),
+            SETTLE_TIMEOUT_S,
+            processes,
+            "every expected checkpoint marker and command",
+        )
+    except ScenarioTimeout as timeout:
+        result.timeouts.append(str(timeout).split("\n", 1)[0])
     watch.poll()
     predictions: list[Prediction] = []
     letters: list[DeadLetter] = []
@@ -489,6 +556,7 @@ def verify(
     processes.check_alive()
     result.crashed = len(processes.crashed)
     result.notes += processes.crashed
+    result.notes += result.timeouts
     if not result.ok:
         result.notes.append("logs:\n" + processes.log_tail())
     return letters
@@ -554,13 +622,13 @@ def _marked_in(records: Sequence[Outgoing]) -> set[tuple[str, float]]:
 
 
 def _first_command(watch: Watch, processes: Processes) -> float:
-    """Seconds until one more committed command appears than there is now (NaN: none in time)."""
+    """Seconds until one more committed command appears than there is now."""
     before = len(watch.commands)
-    return watch.wait(lambda: len(watch.commands) > before, PROGRESS_TIMEOUT_S, processes)
+    return watch.wait(lambda: len(watch.commands) > before, PROGRESS_TIMEOUT_S, processes, "a new command")
 
 
 def _every_job_progresses(watch: Watch, processes: Processes, traces: Sequence[JobTrace]) -> float:
-    """Seconds until every job has a checkpoint evaluated after now, or has none left (NaN: not in time).
+    """Seconds until every job has a checkpoint evaluated after now, or has none left.
 
     Counting every job, not the first marker, times the slowest path: after a worker left, the jobs
     it owned move last."""
@@ -579,7 +647,7 @@ def _every_job_progresses(watch: Watch, processes: Processes, traces: Sequence[J
         now = latest()
         return all(now.get(j, -math.inf) > before.get(j, -math.inf) or before.get(j) == last[j] for j in last)
 
-    return watch.wait(moved, PROGRESS_TIMEOUT_S, processes)
+    return watch.wait(moved, PROGRESS_TIMEOUT_S, processes, "every job to have a new checkpoint evaluated")
 
 
 # ------------------------------------------------------------------------------------ scenarios
@@ -606,9 +674,9 @@ def worker_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResul
         publisher = Publisher(bootstrap)
         publisher.publish(head)
         goal = max(1, len(head_markers) // 2)
-        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs)
+        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs, f"{goal} markers")
         evaluated = len(watch.markers)
-        procs.signal("worker", signal.SIGKILL)
+        procs.kill("worker")
         result.faults += 1
         group = app_id(WorkerSettings(bootstrap=bootstrap, topics=topics))
         result.notes.append(
@@ -650,9 +718,10 @@ def worker_sigkill_repeated(bootstrap: str, workdir: Path, sizes: Sizes) -> Scen
         for part, delay in zip(parts[:-1], KILL_DELAYS_S, strict=True):
             before = len(watch.markers)
             publisher.publish(part)
-            watch.wait(lambda before=before: len(watch.markers) > before, PROGRESS_TIMEOUT_S, procs)
-            time.sleep(delay)
-            procs.signal("worker", signal.SIGKILL)
+            more = functools.partial(lambda n: len(watch.markers) > n, before)
+            watch.wait(more, PROGRESS_TIMEOUT_S, procs, "a new marker")
+            time.sleep(delay)  # the fault's timing (varied on purpose), not a wait for anything
+            procs.kill("worker")
             result.faults += 1
             procs.start_worker()
         publisher.publish(parts[-1])
@@ -679,9 +748,9 @@ def mitigator_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioRe
         procs.start_mitigator()
         publisher = Publisher(bootstrap)
         publisher.publish(head)
-        watch.wait(lambda: len(watch.commands) > 0, PROGRESS_TIMEOUT_S, procs)
+        watch.wait(lambda: len(watch.commands) > 0, PROGRESS_TIMEOUT_S, procs, "a first command")
         result.notes.append(f"killed after {len(watch.commands)}/{len(exp.commands)} commands committed")
-        procs.signal("mitigator", signal.SIGKILL)
+        procs.kill("mitigator")
         result.faults += 1
         publisher.publish(tail)
         procs.start_mitigator()
@@ -720,11 +789,12 @@ def broker_restart(workdir: Path, sizes: Sizes, outage_seconds: float = 3.0) -> 
             thread = threading.Thread(target=run_replay, name="replay", daemon=True)
             thread.start()
             goal = max(1, len(exp.markers) // 5)
-            watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs)
+            watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs, f"{goal} markers")
             result.notes.append(f"broker stopped after {len(watch.markers)}/{len(exp.markers)} checkpoints")
-            broker.stop()
+            if not broker.stop() or _port_open(bootstrap):
+                raise ScenarioFailed(f"the broker at {bootstrap} did not stop")
             result.faults += 1
-            time.sleep(outage_seconds)
+            time.sleep(outage_seconds)  # the outage's length, not a wait for anything
             restarted = broker.start()
             if restarted != bootstrap:
                 result.notes.append(f"broker came back on {restarted}, not {bootstrap}")
@@ -749,32 +819,58 @@ def broker_restart(workdir: Path, sizes: Sizes, outage_seconds: float = 3.0) -> 
 BAD_KINDS = (
     "not-json",
     "truncated",
+    "unknown-type",
     "wrong-type",
     "missing-field",
     "unknown-version",
     "nan-latency",
     "negative-latency",
+    "nan-feature",
     "huge",
     "unknown-job",
     "bad-in-batch",
 )
+README_BAD_INPUT = {
+    "Malformed JSON": ("not-json", "truncated"),
+    "unknown event types": ("unknown-type",),
+    "schema versions": ("unknown-version",),
+    "missing fields": ("missing-field",),
+    "wrong types": ("wrong-type",),
+    "negative or non-finite latency": ("negative-latency", "nan-latency"),
+    "NaN features": ("nan-feature",),
+    "oversize payloads": ("huge",),
+    "jobs that never started": ("unknown-job",),
+    "inside a `task_batch`": ("bad-in-batch",),
+}
+"""Each kind of bad input the README's 'Bad input' section lists (its words) -> the kinds sent."""
 BAD_REASON = {
     "not-json": "(json)",
     "truncated": "(json)",
+    "unknown-type": "event.type: unknown event type",
     "wrong-type": "(type)",
     "missing-field": "(required)",
     "unknown-version": "(version)",
     "nan-latency": "(json)",
     "negative-latency": "(minimum)",
+    "nan-feature": "(json)",
     "huge": "(maxSize)",
     "unknown-job": "unknown job",
-    "bad-in-batch": "task_batch.observations[0].latency: must be >= 0 (minimum)",
+    "bad-in-batch": "task_batch.observations[{index}].latency: must be >= 0 (minimum)",
 }
-"""What each kind's dead letter must say (the rule `schemas.SchemaError` names, or the agent's reason)."""
+"""What each kind's dead letter must say (the rule `schemas.SchemaError` names, or the agent's reason);
+``{index}``: the observation's index in its batch."""
+BATCH_INDEX = re.compile(r"\btask_batch\.observations\[(\d+)\]")
+"""Where the agent's reason for a bad observation names its index in the batch."""
+
+Letter = tuple[str, int, int, int | None]
+"""A dead letter's place: source topic, partition, offset and the observation's index in a batch."""
 
 
 def bad_record(kind: str, i: int, job_id: str, topics: TopicNames) -> Outgoing:
-    """One bad record of ``kind``; keyed by a real job so it shares that job's partitions."""
+    """One bad record of ``kind``; keyed by a real job so it shares that job's partitions.
+
+    A ``bad-in-batch`` record holds `bad_observations` invalid observations (and no valid one, which
+    would change the job)."""
     valid = {
         "type": "task_checkpoint",
         "schema_version": 1,
@@ -792,6 +888,8 @@ def bad_record(kind: str, i: int, job_id: str, topics: TopicNames) -> Outgoing:
         payload = b"\x00garbage " + str(i).encode()
     elif kind == "truncated":
         payload = orjson.dumps(valid)[: 20 + i % 40]
+    elif kind == "unknown-type":
+        payload = orjson.dumps({**valid, "type": "task_chekpoint"})
     elif kind == "wrong-type":
         payload = orjson.dumps({**valid, "checkpoint_time": "soon"})
     elif kind == "missing-field":
@@ -802,6 +900,8 @@ def bad_record(kind: str, i: int, job_id: str, topics: TopicNames) -> Outgoing:
         payload = orjson.dumps(valid).replace(b'"latency":12.0', b'"latency":NaN')
     elif kind == "negative-latency":
         payload = orjson.dumps({**valid, "latency": -3.0})
+    elif kind == "nan-feature":
+        payload = orjson.dumps(valid).replace(b'"x0":0.5', b'"x0":NaN')
     elif kind == "huge":
         payload = orjson.dumps({**valid, "machine_id": "m" * (70 * 1024)})
     elif kind == "unknown-job":
@@ -814,15 +914,68 @@ def bad_record(kind: str, i: int, job_id: str, topics: TopicNames) -> Outgoing:
     elif kind == "bad-in-batch":
         body = {k: v for k, v in valid.items() if k not in ("type", "schema_version", "job_id")}
         batch = {"type": "task_batch", "schema_version": 1, "job_id": job_id}
-        payload = orjson.dumps(batch | {"observations": [body | {"latency": -3.0}]})
+        bodies = [body | {"task_id": f"bad{i}.{k}", "latency": -3.0} for k in range(bad_observations(i))]
+        payload = orjson.dumps(batch | {"observations": bodies})
     else:
         raise ValueError(kind)
     topic = topics.job_events if i % 10 == 0 and kind != "huge" else topics.checkpoints
     return topic, job_id, payload
 
 
+def bad_observations(i: int) -> int:
+    """How many invalid observations the ``bad-in-batch`` record number ``i`` holds (1 to 3)."""
+    return 1 + i % 3
+
+
+def expected_letters(kind: str, i: int, where: tuple[str, int, int]) -> list[tuple[Letter, str]]:
+    """The agent's letters bad record ``i`` of ``kind``, placed at ``where``, must cause: each letter's
+    place and a fragment of its reason. One per record; one per bad observation of a batch."""
+    if kind != "bad-in-batch":
+        return [((*where, None), BAD_REASON[kind])]
+    return [((*where, k), BAD_REASON[kind].format(index=k)) for k in range(bad_observations(i))]
+
+
+def letter_place(letter: DeadLetter) -> Letter:
+    """Where ``letter``'s record was read, with the observation's index if the reason names one."""
+    found = BATCH_INDEX.search(letter.error)
+    index = int(found.group(1)) if found else None
+    return letter.source_topic, letter.source_partition, letter.source_offset, index
+
+
+def check_agent_letters(
+    result: ScenarioResult, expected: Sequence[tuple[str, Letter, str]], letters: Sequence[DeadLetter]
+) -> None:
+    """Count, per kind, the bad records the agent did not letter, lettered twice or for another reason,
+    and the agent's letters for records that were not bad. ``expected``: (kind, place, reason)."""
+    agent: dict[Letter, list[str]] = {}
+    for letter in letters:
+        if letter.stage == "agent":
+            agent.setdefault(letter_place(letter), []).append(letter.error)
+    sent: Counter[str] = Counter()
+    right: Counter[str] = Counter()
+    for kind, place, reason in expected:
+        sent[kind] += 1
+        found = agent.get(place, [])
+        if not found:
+            result.bad_not_dead_lettered += 1
+        elif len(found) > 1:
+            result.bad_lettered_twice += 1
+        elif reason not in found[0]:
+            result.bad_wrong_reason += 1
+        else:
+            right[kind] += 1
+    result.letters_unexpected = len(set(agent) - {place for _, place, _ in expected})
+    result.bad_by_kind = {kind: (sent[kind], right[kind]) for kind in BAD_KINDS if kind in sent}
+    wrong = {kind: f"{right[kind]}/{n}" for kind, n in sent.items() if right[kind] != n}
+    if wrong:
+        result.notes.append(f"bad records not lettered once, rightly, by the agent: {wrong}")
+    if result.letters_unexpected:
+        result.notes.append(f"{result.letters_unexpected} records the agent lettered were not bad")
+
+
 def bad_input(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
-    """Interleave ``sizes.bad_events`` bad records with a valid replay: all dead-lettered, nothing changed."""
+    """Interleave ``sizes.bad_events`` bad records with a valid replay: the agent letters each bad
+    record (each bad observation of a batch) once, with its reason, and the decisions do not change."""
     with pipeline_run("bad-input", bootstrap, workdir, sizes) as (result, topics, traces, exp, procs, watch):
         records = stream_events(traces, topics)
         jobs = [t.job_id for t in traces]
@@ -834,58 +987,43 @@ def bad_input(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
         for b in range(len(bad)):
             after.setdefault(b * len(records) // len(bad), []).append(b)
         mixed: list[Outgoing] = []
-        kinds: list[str | None] = []
+        which: list[int | None] = []
         for n, record in enumerate(records):
             mixed.append(record)
-            kinds.append(None)
+            which.append(None)
             for b in after.get(n, []):
                 mixed.append(bad[b])
-                kinds.append(BAD_KINDS[b % len(BAD_KINDS)])
+                which.append(b)
         result.events_in = len(mixed)
-        result.bad_events = result.faults = len(bad)
-        procs.start_worker()
+        procs.start_worker(pending_grace=BAD_INPUT_PENDING_GRACE_S)
         procs.start_mitigator()
         placed = Publisher(bootstrap).publish(mixed)
-        verify(result, bootstrap, topics, exp, watch, procs, set(jobs))
-        ghosts = [p for p, kind in zip(placed, kinds, strict=True) if kind == "unknown-job"]
-        ghost_wait = watch.wait(lambda: _lettered(bootstrap, topics, ghosts), PROGRESS_TIMEOUT_S, procs)
-        if math.isnan(ghost_wait):
-            result.notes.append("unknown-job events not all dead-lettered in time")
-        letters = [
-            e
-            for e in (decode(v) for v in read_topic(bootstrap, topics.dead_letters, timeout=60.0))
-            if isinstance(e, DeadLetter)
+        expected = [
+            (BAD_KINDS[b % len(BAD_KINDS)], place, reason)
+            for where, b in zip(placed, which, strict=True)
+            if b is not None and where[1] >= 0  # delivered: the evidence the fault is on the topic
+            for place, reason in expected_letters(BAD_KINDS[b % len(BAD_KINDS)], b, where)
         ]
-        result.dead_letters = len(letters)
-        reasons: dict[tuple[str, int, int], list[str]] = {}
-        for letter in letters:
-            reasons.setdefault(
-                (letter.source_topic, letter.source_partition, letter.source_offset), []
-            ).append(letter.error)
-        for where, kind in zip(placed, kinds, strict=True):
-            if kind is None:
-                continue
-            found = reasons.get(where)
-            if not found:
-                result.bad_not_dead_lettered += 1
-            elif not any(BAD_REASON[kind] in reason for reason in found):
-                result.bad_wrong_reason += 1
+        result.bad_events = result.faults = len({place[:3] for _, place, _ in expected})
+        if result.bad_events != len(bad):
+            raise ScenarioFailed(f"only {result.bad_events}/{len(bad)} bad records were delivered")
+        verify(result, bootstrap, topics, exp, watch, procs, set(jobs))
+        places = {place for _, place, _ in expected}
+        try:
+            watch.wait(
+                lambda: places <= {letter_place(x) for x in watch.letters if x.stage == "agent"},
+                PROGRESS_TIMEOUT_S,
+                procs,
+                "the agent's dead letters of every bad record",
+            )
+        except ScenarioTimeout as timeout:
+            result.timeouts.append(str(timeout).split("\n", 1)[0])
+            result.notes.append(result.timeouts[-1])
+        result.dead_letters = len(watch.letters)
+        check_agent_letters(result, expected, watch.letters)
         procs.check_alive()
         result.crashed = len(procs.crashed)
         return result
-
-
-def _lettered(bootstrap: str, topics: TopicNames, where: Sequence[tuple[str, int, int]]) -> bool:
-    wanted = set(where)
-    if not wanted:
-        return True
-    seen = set()
-    for value in read_topic(bootstrap, topics.dead_letters, timeout=30.0):
-        with contextlib.suppress(SchemaError):
-            event = decode(value)
-            if isinstance(event, DeadLetter):
-                seen.add((event.source_topic, event.source_partition, event.source_offset))
-    return wanted <= seen
 
 
 def with_repeats(records: Sequence[Outgoing]) -> tuple[list[Outgoing], int]:
@@ -929,13 +1067,27 @@ def duplicates_out_of_order(bootstrap: str, workdir: Path, sizes: Sizes) -> Scen
         return result
 
 
-def _group_members(bootstrap: str, group: str) -> int:
+def _input_partitions_by_member(bootstrap: str, group: str, topics: TopicNames) -> list[int]:
+    """How many input partitions each member of ``group`` is assigned (none: no group yet)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    inputs = {topics.checkpoints, topics.job_events}
     try:
         described = admin.describe_consumer_groups([group], request_timeout=10)[group].result()
-        return len(described.members)
     except Exception:  # the group does not exist yet
-        return 0
+        return []
+    return [
+        sum(tp.topic in inputs for tp in member.assignment.topic_partitions) for member in described.members
+    ]
+
+
+def _port_open(bootstrap: str) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
 def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
@@ -957,15 +1109,26 @@ def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult
         procs.start_worker("worker-a")
         procs.start_worker("worker-b")
         procs.start_mitigator()
-        joined = watch.wait(lambda: _group_members(bootstrap, group) >= 2, PROGRESS_TIMEOUT_S, procs)
-        if math.isnan(joined):
-            result.notes.append("the two workers never shared the group")
+        shares = functools.partial(_input_partitions_by_member, bootstrap, group, topics)
+        watch.wait(
+            lambda: len(shares()) == 2 and all(shares()),
+            PROGRESS_TIMEOUT_S,
+            procs,
+            "both workers' partitions",
+        )
         publisher = Publisher(bootstrap)
         publisher.publish(head)
         goal = max(1, len(_marked_in(head)) // 2)
-        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs)
+        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs, f"{goal} markers")
         result.notes.append(f"worker-b left after {len(watch.markers)}/{len(exp.markers)} checkpoints")
+        before = shares()
+        if len(before) != 2 or not all(before):
+            raise ScenarioFailed(f"worker-b no longer shares the work before it leaves: {before}")
         procs.signal("worker-b", signal.SIGTERM)
+        everything = sum(before)
+        watch.wait(
+            lambda: shares() == [everything], PROGRESS_TIMEOUT_S, procs, "worker-a to take every partition"
+        )
         result.faults += 1
         publisher.publish(tail)
         result.recovery_seconds = _every_job_progresses(watch, procs, traces)

@@ -193,7 +193,7 @@ class MitigationState:
             event = decode(msg_value)
         except SchemaError as error:
             self.dead_letters += 1
-            return [dead_letter_for(msg_value, topic, partition, offset, error)]
+            return [dead_letter_for(msg_value, topic, partition, offset, error, stage="mitigator")]
         if (
             self.partitions is not None
             and isinstance(event, TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent)
@@ -205,7 +205,7 @@ class MitigationState:
                 predictions, marker = expand_predictions(event)
             except SchemaError as error:
                 self.dead_letters += 1
-                return [dead_letter_for(msg_value, topic, partition, offset, error)]
+                return [dead_letter_for(msg_value, topic, partition, offset, error, stage="mitigator")]
             for prediction in predictions:
                 self._on_prediction(prediction, partition)
             return [] if marker is None else self._on_marker(marker, partition)

@@ -268,7 +268,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         metrics.dead_lettered(error)
         message = event.message
         raw = (message.value or b"") if payload is None else payload
-        letter = dead_letter_for(raw, message.topic, message.partition, message.offset, error)
+        letter = dead_letter_for(raw, message.topic, message.partition, message.offset, error, stage="agent")
         await dead_letters.send(key=message.key, value=encode(letter))
 
     def apply_task(event: TaskCheckpoint) -> None:

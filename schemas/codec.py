@@ -20,7 +20,7 @@ from typing import Any
 import fastjsonschema
 import orjson
 
-from schemas.events import EVENT_CLASSES, DeadLetter, Event
+from schemas.events import EVENT_CLASSES, DeadLetter, Event, Stage
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 """Largest encoded event, in bytes; larger payloads are rejected before they are parsed."""
@@ -157,10 +157,17 @@ def decode(payload: bytes | bytearray | memoryview | str | None) -> Event:
     return decode_object(obj)
 
 
+_UPGRADES: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    ("dead_letter", 1): lambda obj: {**obj, "stage": None},  # version 1 did not name the stage
+}
+"""Older versions still read, as dicts of the current dataclass's fields (by type and version)."""
+
+
 def decode_object(obj: Any) -> Event:
     """Validate an already parsed JSON value and build its event (`decode` after the parse)."""
     event_type = _check_schema(obj)
-    return EVENT_CLASSES[event_type].from_dict(obj)
+    upgrade = _UPGRADES.get((event_type, int(obj["schema_version"])))
+    return EVENT_CLASSES[event_type].from_dict(obj if upgrade is None else upgrade(obj))
 
 
 def dead_letter_for(
@@ -170,9 +177,11 @@ def dead_letter_for(
     offset: int | None,
     error: str | BaseException,
     failed_at: float | None = None,
+    *,
+    stage: Stage,
 ) -> DeadLetter:
-    """The dead letter for a record that could not be processed. Never raises on odd input: it is
-    the error path, and whatever it returns encodes.
+    """The dead letter ``stage`` writes for a record it could not process. Never raises on odd input:
+    it is the error path, and whatever it returns encodes.
 
     ``raw_payload`` keeps the first `DEAD_LETTER_MAX_RAW_BYTES` bytes decoded as UTF-8, invalid bytes
     written as ``\\xNN`` (readable for the usual JSON payload, and no byte value is lost);
@@ -200,6 +209,7 @@ def dead_letter_for(
         source_offset=offset if offset is not None and offset >= 0 else -1,
         error=error_text,
         failed_at=time.time() if failed_at is None else failed_at,
+        stage=stage,
     )
 
 

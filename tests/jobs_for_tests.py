@@ -29,8 +29,8 @@ def make_job(
     slow = rng.random(n_tasks) < slow_group
     latency[slow] *= 3.0
     x[slow, 1] += 4.0
-    start = wave_gap * (np.arange(n_tasks) * waves // n_tasks)
-    end = start + latency
+    start = (wave_gap * (np.arange(n_tasks) * waves // n_tasks)).astype(np.float64)
+    end = (start + latency).astype(np.float64)
     checkpoints = checkpoint_grid(0.0, float(end.max()), interval)
     running_index = []
     running_features = []

@@ -212,6 +212,7 @@ def test_method_trains_across_jobs_and_predicts_deterministically() -> None:
     jobs = training_jobs()
     method = make_method("admm").fit_population(jobs)
     again = make_method("admm").fit_population(jobs)
+    assert isinstance(method, Admm) and isinstance(again, Admm)
     np.testing.assert_array_equal(method.coef_, again.coef_)
     assert method.history_.converged
     # slow machines show a high x1, and x0 drives latency: both weights positive
@@ -246,6 +247,7 @@ def test_running_snapshots_of_training_jobs_are_never_used() -> None:
     noisy = [replace(j, running_features=[x * 0 + 7.0 for x in j.running_features]) for j in jobs]
     a = make_method("admm").fit_population(jobs)
     b = make_method("admm").fit_population(noisy)
+    assert isinstance(a, Admm) and isinstance(b, Admm)
     np.testing.assert_array_equal(a.coef_, b.coef_)
 
 
@@ -253,6 +255,7 @@ def test_a_window_with_one_class_predicts_it() -> None:
     job = make_job(60, seed=1, job_id="flat")
     flat = replace(job, end=job.start + 10.0)  # every latency equal: no straggler anywhere
     method = make_method("admm").fit_population([flat])
+    assert isinstance(method, Admm)
     assert method.constant_class_ is False
     data = checkpoint_of(job, 2)
     assert not method.predict(data).is_straggler.any()
@@ -282,7 +285,8 @@ def _exchange_records(bootstrap: str, topic: str, timeout: float = 30.0) -> list
             for message in consumer.consume(num_messages=500, timeout=0.5):
                 if message.error() is None:
                     headers = message.headers() or []
-                    out.append({k: v.decode() for k, v in headers if isinstance(v, bytes)})  # type: ignore[union-attr]
+                    pairs = headers.items() if isinstance(headers, dict) else headers
+                    out.append({k: v.decode() for k, v in pairs if isinstance(v, bytes)})
         return out
     finally:
         consumer.close()

@@ -7,6 +7,7 @@ that the consensus it publishes converges to `fit_consensus` on the same partiti
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_online_rounds_replay_fit_consensus_exactly_on_fixed_data() -> None:
         record = None
         for p in range(N):
             rows = [(raw[p].X, raw[p].y)] if raw[p].n else []
-            payload = admm.node_step(p, consensus, lambda dim, rows=rows: rows)
+            payload = admm.node_step(p, consensus, functools.partial(lambda rows, dim: rows, rows))
             assert payload is not None
             message = RoundMessage.decode(payload)
             assert message is not None

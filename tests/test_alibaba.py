@@ -404,7 +404,7 @@ def test_fixture_is_reproducible(tmp_path: Path) -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.OUT = tmp_path
+    module.OUT = tmp_path  # type: ignore[attr-defined]
     module.main()
     for name in TABLES:
         assert (tmp_path / name).read_bytes() == (FIXTURE / name).read_bytes()

@@ -7,6 +7,8 @@ they pin down the idempotence the stream tests rely on.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 from pathlib import Path
 
@@ -20,12 +22,14 @@ import itertools
 
 from bench.fault_scenarios import (
     BAD_KINDS,
-    BAD_REASON,
+    README_BAD_INPUT,
     SCENARIOS,
     ScenarioResult,
     Sizes,
     bad_record,
     broker_restart,
+    check_agent_letters,
+    expected_letters,
     stream_events,
     with_repeats,
 )
@@ -34,10 +38,12 @@ from pipeline.app import prediction_event
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
+    DeadLetter,
     RelaunchCommand,
     SchemaError,
     TaskBatch,
     TaskCheckpoint,
+    dead_letter_for,
     decode,
     encode,
     observations,
@@ -109,20 +115,77 @@ def test_an_online_job_fed_duplicates_and_late_events_decides_as_with_a_clean_st
 
 def test_every_bad_record_is_rejected_with_its_reason() -> None:
     topics = TopicNames("x-")
-    for i, kind in enumerate(BAD_KINDS):
+    for i, kind in enumerate(BAD_KINDS * 3):
         _, _, payload = bad_record(kind, i, "job", topics)
+        reasons = [reason for _, reason in expected_letters(kind, i, ("t", 0, i))]
         if kind == "unknown-job":
             assert isinstance(decode(payload), TaskCheckpoint)  # valid: the agent's pending rule rejects it
             continue
-        if kind == "bad-in-batch":  # the batch is valid; its one observation is not
+        if kind == "bad-in-batch":  # the batch is valid; each of its observations is not
             batch = decode(payload)
             assert isinstance(batch, TaskBatch)
-            (error_of_observation,) = observations(batch)
-            assert BAD_REASON[kind] in str(error_of_observation)
+            errors = observations(batch)
+            assert len(errors) == len(reasons) and all(isinstance(e, SchemaError) for e in errors)
+            assert all(reason in str(e) for reason, e in zip(reasons, errors, strict=True))
             continue
         with pytest.raises(SchemaError) as error:
             decode(payload)
-        assert BAD_REASON[kind] in str(error.value), kind
+        assert reasons[0] in str(error.value), kind
+
+
+def test_the_bad_kinds_are_the_readmes() -> None:
+    """Every kind of bad input the README's 'Bad input' section lists is sent, and nothing else."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Bad input", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())
+    for words in README_BAD_INPUT:
+        assert words in section, f"the README's 'Bad input' no longer lists {words!r}"
+    assert sorted(k for kinds in README_BAD_INPUT.values() for k in kinds) == sorted(BAD_KINDS)
+
+
+def test_the_agent_letters_check_counts_what_is_missing_repeated_or_not_the_agents() -> None:
+    """`check_agent_letters` (the bad-input scenario's verdict) on hand-made letters."""
+    topics = TopicNames("x-")
+    kinds = ("not-json", "bad-in-batch", "unknown-job")
+    expected = []
+    payloads = {}
+    for offset, kind in enumerate(kinds):
+        i = 1 if kind == "bad-in-batch" else offset  # record 1 holds two bad observations
+        topic, _, payload = bad_record(kind, i, "job", topics)
+        payloads[offset] = payload
+        expected += [(kind, place, reason) for place, reason in expected_letters(kind, i, (topic, 0, offset))]
+    assert len(expected) == 4
+
+    def letter(place: tuple[str, int, int, int | None], reason: str, stage: str = "agent") -> DeadLetter:
+        text = (
+            f"SchemaError: x: {reason}" if reason.startswith("(") else f"SchemaError: {reason}"
+        )  # as the agent
+        return dead_letter_for(payloads.get(place[2], b"{}"), place[0], place[1], place[2], text, stage=stage)  # type: ignore[arg-type]
+
+    right = [letter(place, reason) for _, place, reason in expected]
+    result = ScenarioResult("x")
+    check_agent_letters(result, expected, right)
+    assert result.ok and result.bad_by_kind == {
+        "not-json": (1, 1),
+        "unknown-job": (1, 1),
+        "bad-in-batch": (2, 2),
+    }
+
+    cases = {
+        "the mitigator's letters only": [replace_stage(x, "mitigator") for x in right],
+        "one observation of the batch lettered twice": [*right, right[1]],
+        "the batch's second observation missing": [x for x in right if x is not right[2]],
+        "a valid record lettered": [*right, letter(("x-task-checkpoints", 0, 99, None), "oops")],
+        "another reason": [right[0], right[1], right[2], letter(expected[3][1], "(json)")],
+    }
+    for case, letters in cases.items():
+        result = ScenarioResult("x")
+        check_agent_letters(result, expected, letters)
+        assert not result.ok, case
+
+
+def replace_stage(letter: DeadLetter, stage: str) -> DeadLetter:
+    return dataclasses.replace(letter, stage=stage)  # type: ignore[arg-type]
 
 
 def test_the_repeated_stream_holds_duplicates_late_running_events_and_old_boundaries() -> None:
@@ -150,6 +213,7 @@ def _check(result: ScenarioResult) -> None:
     details = "\n".join(result.notes)
     assert result.commands_expected > 0, "the scenario must contain stragglers"
     assert result.faults > 0, "no fault was injected"
+    assert not result.timeouts, details
     assert result.crashed == 0, details
     assert result.markers_missing == 0, f"{result.markers_missing} checkpoints never evaluated\n{details}"
     assert result.conflicting == 0, f"{result.conflicting} conflicting verdicts\n{details}"
@@ -182,10 +246,15 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_changes_nothing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     result = SCENARIOS["bad-input"](kafka_bootstrap, tmp_path, SIZES)
+    details = "\n".join(result.notes)
     assert result.bad_events == SIZES.bad_events
-    assert result.bad_not_dead_lettered == 0, "\n".join(result.notes)
-    assert result.bad_wrong_reason == 0, "\n".join(result.notes)
-    assert result.dead_letters >= result.bad_events
+    assert sorted(result.bad_by_kind) == sorted(BAD_KINDS)
+    for kind, (sent, lettered_once_rightly) in result.bad_by_kind.items():
+        assert sent > 0 and lettered_once_rightly == sent, (
+            f"{kind}: {lettered_once_rightly}/{sent}\n{details}"
+        )
+    assert result.bad_not_dead_lettered == result.bad_lettered_twice == result.bad_wrong_reason == 0, details
+    assert result.letters_unexpected == 0, details
     _check(result)
 
 
@@ -198,7 +267,8 @@ def test_a_broker_restart_mid_replay_loses_and_duplicates_nothing(tmp_path: Path
     _check(result)
 
 
-def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> list[bytes]:
+@functools.cache  # the same input for every policy: computed once per module, not per parameter
+def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> tuple[bytes, ...]:
     """The mitigator's input for one job: the replayer's records, and after each boundary the offline
     evaluator's predictions and marker; the finishes of the slower half sent ``1 + repeat`` times."""
     trace = make_job(200, seed=trace_seed, job_id="j", signal=1.5, waves=4, wave_gap=30.0)
@@ -228,12 +298,12 @@ def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> list[bytes]
                 produced_at=0.0,
             )
             out.append(encode(marker))
-    return out
+    return tuple(out)
 
 
 @pytest.mark.parametrize("policy", ["mantri", "limited:2", "unlimited", "speculate"])
 def test_repeated_finish_events_do_not_change_the_mitigators_commands(policy: str) -> None:
-    def commands(values: list[bytes]) -> list[str]:
+    def commands(values: tuple[bytes, ...]) -> list[str]:
         state = MitigationState(policy, 1.0)
         return [
             output.command_id

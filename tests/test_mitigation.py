@@ -50,6 +50,7 @@ from schemas import (
     decode,
     encode,
 )
+from schemas.events import TaskStatus
 from straggler.core.policies import Unlimited
 from straggler.kafka.config import consumer_config, producer_config
 from straggler.kafka.names import TopicNames
@@ -57,8 +58,13 @@ from straggler.kafka.topics import create_topics
 
 PARTITIONS = 4
 INTERVAL = 300.0
-IDLE_S = 5.0
+COORDINATOR_NOT_READY = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+)
 RUN_LIMIT_S = 180.0
+"""Safety stop of a consumer run; runs end when the group has committed all its input."""
 REPO = Path(__file__).resolve().parents[1]
 
 InputEvent = TaskCheckpoint | JobEvent | CheckpointBoundary | CheckpointEvaluated | Prediction
@@ -265,20 +271,49 @@ def committed_commands(bootstrap: str, topics: TopicNames) -> list[RelaunchComma
     return commands
 
 
-def run_in_thread(consumer: MitigationConsumer, **kwargs: float | int) -> MitigationStats:
-    """Run the consumer in a thread (bounded by its idle timeout, and by ``stop`` as a safety net)."""
+def input_consumed(bootstrap: str, group: str, topics: TopicNames) -> bool:
+    """Whether ``group`` has committed every partition of the mitigator's inputs up to its end.
+
+    The inputs are written without transactions, so the end offset is the last record's plus one. While
+    the group's coordinator moves or loads (a retriable error) the answer is no: the caller asks again."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        inputs = (topics.predictions, topics.checkpoints, topics.job_events)
+        partitions = [TopicPartition(topic, p) for topic in inputs for p in range(PARTITIONS)]
+        for tp in probe.committed(partitions, timeout=30):
+            if max(tp.offset, 0) < probe.get_watermark_offsets(tp, timeout=30)[1]:
+                return False
+        return True
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and (error.retriable() or error.code() in COORDINATOR_NOT_READY):
+            return False
+        raise
+    finally:
+        probe.close()
+
+
+def run_in_thread(consumer: MitigationConsumer, **kwargs: int) -> MitigationStats:
+    """Run the consumer in a thread until it returns by itself (``max_messages``) or has committed all
+    its input (a condition, not an idle clock); `RUN_LIMIT_S` is only a safety stop."""
     stop = threading.Event()
     result: dict[str, MitigationStats | BaseException] = {}
 
     def target() -> None:
         try:
-            result["stats"] = consumer.run(stop=stop, idle_timeout=IDLE_S, **kwargs)  # type: ignore[arg-type]
+            result["stats"] = consumer.run(stop=stop, **kwargs)
         except BaseException as exc:
             result["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    thread.join(RUN_LIMIT_S)
+    deadline = time.monotonic() + RUN_LIMIT_S
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.5)
+        if "max_messages" not in kwargs and input_consumed(
+            consumer.bootstrap, consumer.group_id, consumer.topics
+        ):
+            break
     stop.set()
     thread.join(30)
     assert not thread.is_alive(), "the consumer did not stop"
@@ -604,6 +639,7 @@ def test_bad_records_go_to_dead_letters_and_the_rest_is_unchanged(
     by_offset = {}
     for key, _, letter in letters:
         assert isinstance(letter, DeadLetter)
+        assert letter.stage == "mitigator"
         assert key == b"j"
         assert letter.source_topic == topics.predictions
         by_offset[letter.source_offset] = letter
@@ -679,13 +715,18 @@ def _start_then_wait_for_a_command(
 def _resume(
     bootstrap: str, topics: TopicNames, command: list[str], stream: Stream, head: int
 ) -> dict[str, int]:
-    """Produce the rest of the stream and run a new instance until it is idle; return its stats."""
+    """Produce the rest of the stream and run a new instance until its group has committed all the input
+    (then SIGTERM: it commits and leaves); return its stats."""
     produce_stream(bootstrap, topics, Stream(stream.events[head:]))
-    resumed = subprocess.run(
-        [*command, "--idle-timeout", str(IDLE_S)], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    stats: dict[str, int] = orjson.loads(resumed.stdout.strip().splitlines()[-1])
+    resumed = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    group = command[command.index("--group") + 1]
+    try:
+        _wait_for(lambda: input_consumed(bootstrap, group, topics) or resumed.poll() is not None, "the input")
+    finally:
+        resumed.send_signal(signal.SIGTERM)
+        out, err = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, err
+    stats: dict[str, int] = orjson.loads(out.strip().splitlines()[-1])
     return stats
 
 
@@ -831,7 +872,8 @@ def test_a_failed_or_killed_run_reaches_the_policy_before_the_checkpoint_it_prec
     stream = Stream()
     stream.start("j", 3)
     stream.finish("j", "a", 250.0, 200.0)
-    for task, status, at in (("b", "failed", 260.0), ("c", "killed", 310.0)):
+    gone: tuple[tuple[str, TaskStatus, float], ...] = (("b", "failed", 260.0), ("c", "killed", 310.0))
+    for task, status, at in gone:
         stream.events.append(
             TaskCheckpoint(
                 job_id="j",

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from jobs_for_tests import make_job
 
 from pipeline.model_codec import FORMAT, ModelRecordError, decode_model, encode_model
 from straggler.core.admm import Admm
@@ -29,7 +30,6 @@ from straggler.core.registry import make_method, method_names
 from straggler.core.start import StartMethod
 from straggler.evaluation import observe_interval
 from straggler.traces.jobtrace import JobTrace
-from tests.jobs_for_tests import make_job
 
 FAST_PRESETS = {"nurd-paper", "nurd-nc", "gbtr"}
 
@@ -195,7 +195,7 @@ def malformed_rows() -> dict[str, tuple[bytes, str]]:
 
 def _without_header(arrays: dict[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getvalue()
 
 

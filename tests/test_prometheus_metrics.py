@@ -14,6 +14,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from jobs_for_tests import make_job
@@ -60,7 +61,7 @@ def _schema_error(payload: bytes) -> SchemaError:
 def test_dead_letter_kinds_are_bounded_and_name_the_reason() -> None:
     not_json = _schema_error(b"not json at all")
     bad_version = _schema_error(b'{"type": "task_checkpoint", "schema_version": 99}')
-    reasons = {
+    reasons: dict[str | BaseException, str] = {
         not_json: "payload",
         bad_version: "schema",
         "event for unknown job 'ghost': no job_event 'started' within 30s": "unknown_job",
@@ -71,7 +72,7 @@ def test_dead_letter_kinds_are_bounded_and_name_the_reason() -> None:
     for reason, kind in reasons.items():
         assert dead_letter_kind(reason) == kind
         # the consumer classifies the letter's text: the same kind as the worker's exception
-        assert dead_letter_kind(dead_letter_for(b"x", "t", 0, 0, reason).error) == kind
+        assert dead_letter_kind(dead_letter_for(b"x", "t", 0, 0, reason, stage="mitigator").error) == kind
     assert set(reasons.values()) == set(DEAD_LETTER_KINDS)
 
 
@@ -103,7 +104,7 @@ def test_the_mitigator_counts_committed_commands_by_action_and_letters_by_kind()
         checkpoint_time=1.0,
         attempt=0,
     )
-    letter = dead_letter_for(b"{", "t", 0, 0, _schema_error(b"{"))
+    letter = dead_letter_for(b"{", "t", 0, 0, _schema_error(b"{"), stage="mitigator")
     consumer.metrics.committed([command, command, letter], jobs=3)
     samples = _samples(consumer.metrics.registry)
     assert samples["straggler_mitigator_commands_total"][(("action", "duplicate"),)] == 2.0
@@ -269,7 +270,10 @@ def test_worker_and_mitigator_metrics_after_a_replay(kafka_bootstrap: str, tmp_p
             )
             return done, (w, m, outputs, records)
 
-        w, m, outputs, prediction_records = _eventually(caught_up)  # type: ignore[misc]
+        Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+        w, m, outputs, prediction_records = cast(
+            tuple[Samples, Samples, list[Any], int], _eventually(caught_up)
+        )
         commands = [
             e
             for v in read_topic(kafka_bootstrap, topics.commands)

@@ -368,12 +368,12 @@ class FakePipeline(threading.Thread):
                 mitigator.produce(self.topics.commands, encode(command), command.job_id.encode())
             mitigator.commit_transaction(30)
         # like the real consumer: committed past both the marker and the job's boundary
+        boundary_partition, boundary_offset = boundary_message.partition(), boundary_message.offset()
+        assert boundary_partition is not None and boundary_offset is not None
         committer.commit(
             offsets=[
                 TopicPartition(self.topics.predictions, partition, offset + 1),
-                TopicPartition(
-                    self.topics.checkpoints, boundary_message.partition(), boundary_message.offset() + 1
-                ),
+                TopicPartition(self.topics.checkpoints, boundary_partition, boundary_offset + 1),
             ],
             asynchronous=False,
         )

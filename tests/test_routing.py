@@ -67,8 +67,8 @@ def test_the_mitigation_fold_reads_a_job_event_once_where_the_worker_puts_it() -
     for event, topic in ((finished, "tc"), (boundary, "tc"), (ended, "je")):
         assert state.process(encode(event), topic, foreign, 0, key) == []
     assert state.active_jobs == frozenset()  # nothing of the misplaced originals was folded
-    for offset, (event, topic) in enumerate(((finished, "tc"), (boundary, "tc"))):
-        state.process(encode(event), topic, home, offset, key)
+    for offset, (forwarded, topic) in enumerate(((finished, "tc"), (boundary, "tc"))):
+        state.process(encode(forwarded), topic, home, offset, key)
     assert state.active_jobs == {job_id}
     job = state._jobs[job_id]
     assert job.watermark == 120.0 and [f[1] for f in job.finishes] == ["t0"]

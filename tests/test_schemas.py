@@ -11,7 +11,7 @@ import hashlib
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 from importlib import resources
 from typing import Any
 
@@ -189,7 +189,14 @@ SAMPLES: list[Event] = [
         issued_at=1.7e9,
         checkpoint_time=120.0,
     ),
-    dead_letter_for(b'{"type": "task_checkpoint", "schema_version": 9}', "tasks", 2, 1234, "unknown version"),
+    dead_letter_for(
+        b'{"type": "task_checkpoint", "schema_version": 9}',
+        "tasks",
+        2,
+        1234,
+        "bad version",
+        stage="mitigator",
+    ),
 ]
 
 # A valid dict per type that satisfies each schema's `if` branch: the base every rule case mutates.
@@ -589,7 +596,7 @@ def test_missing_value_rejected() -> None:
     with pytest.raises(SchemaError) as info:
         decode(None)
     _assert_rejected(info.value, "payload", "json", "missing")
-    letter = dead_letter_for(None, "tasks", 0, 9, info.value)
+    letter = dead_letter_for(None, "tasks", 0, 9, info.value, stage="agent")
     assert (letter.raw_payload, letter.raw_size, letter.truncated) == ("", 0, False)
     assert decode(encode(letter)) == letter
 
@@ -690,6 +697,7 @@ def test_encode_rejects_oversize_event() -> None:
         source_offset=0,
         error="e",
         failed_at=0.0,
+        stage="agent",
     )
     with pytest.raises(SchemaError) as info:
         encode(event)
@@ -709,16 +717,31 @@ def test_encode_accepts_numpy_floats() -> None:
 
 
 def test_dead_letter_keeps_a_small_payload_verbatim() -> None:
-    letter = dead_letter_for(b'{"oops": 1}', "tasks", 3, 17, ValueError("boom"), failed_at=5.0)
+    letter = dead_letter_for(b'{"oops": 1}', "tasks", 3, 17, ValueError("boom"), 5.0, stage="agent")
     assert letter.raw_payload == '{"oops": 1}'
     assert (letter.truncated, letter.raw_size) == (False, 11)
     assert (letter.source_topic, letter.source_partition, letter.source_offset) == ("tasks", 3, 17)
     assert letter.error == "ValueError: boom"
+    assert letter.stage == "agent" and letter.schema_version == 2
     assert decode(encode(letter)) == letter
 
 
+def test_a_dead_letter_must_name_its_stage_and_version_1_letters_still_decode() -> None:
+    letter = dead_letter_for(b"x", "tasks", 0, 5, "bad", failed_at=1.0, stage="mitigator")
+    for stage in (None, "replayer"):
+        with pytest.raises(SchemaError) as info:
+            encode(replace(letter, stage=stage))  # type: ignore[arg-type]
+        assert info.value.field == "dead_letter.stage", info.value
+    without = {k: v for k, v in letter.to_dict().items() if k != "stage"}
+    with pytest.raises(SchemaError) as info:
+        decode(orjson.dumps(without))
+    assert (info.value.field, info.value.rule) == ("dead_letter.stage", "required")
+    old = decode(orjson.dumps(without | {"schema_version": 1}))  # written before stages were named
+    assert old == replace(letter, schema_version=1, stage=None)
+
+
 def test_dead_letter_escapes_invalid_utf8() -> None:
-    letter = dead_letter_for(b"ok\xff\xfe", "tasks", 0, 0, "bad bytes")
+    letter = dead_letter_for(b"ok\xff\xfe", "tasks", 0, 0, "bad bytes", stage="agent")
     assert letter.raw_payload == "ok\\xff\\xfe"
     assert decode(encode(letter)) == letter
 
@@ -728,7 +751,7 @@ def test_dead_letter_escapes_invalid_utf8() -> None:
 )
 def test_dead_letter_of_a_huge_payload_is_truncated_and_still_encodes(fill: bytes) -> None:
     raw = fill * (1024 * 1024 // len(fill))
-    letter = dead_letter_for(raw, "tasks", 0, 0, "x" * 5000)
+    letter = dead_letter_for(raw, "tasks", 0, 0, "x" * 5000, stage="agent")
     assert letter.truncated and letter.raw_size == len(raw)
     assert len(letter.error) == DEAD_LETTER_MAX_ERROR_CHARS
     payload = encode(letter)
@@ -738,15 +761,15 @@ def test_dead_letter_of_a_huge_payload_is_truncated_and_still_encodes(fill: byte
 
 def test_dead_letter_truncates_at_the_documented_byte_count() -> None:
     raw = b"a" * (DEAD_LETTER_MAX_RAW_BYTES + 10)
-    letter = dead_letter_for(raw, "tasks", 0, 0, "e")
+    letter = dead_letter_for(raw, "tasks", 0, 0, "e", stage="agent")
     assert letter.raw_payload == "a" * DEAD_LETTER_MAX_RAW_BYTES
     assert letter.truncated
-    exact = dead_letter_for(raw[:DEAD_LETTER_MAX_RAW_BYTES], "tasks", 0, 0, "e")
+    exact = dead_letter_for(raw[:DEAD_LETTER_MAX_RAW_BYTES], "tasks", 0, 0, "e", stage="agent")
     assert not exact.truncated
 
 
 def test_dead_letter_survives_odd_inputs() -> None:
-    letter = dead_letter_for("bad \ud800 surrogate", None, None, -1001, "")
+    letter = dead_letter_for("bad \ud800 surrogate", None, None, -1001, "", stage="agent")
     assert (letter.source_topic, letter.source_partition, letter.source_offset) == ("", -1, -1)
     assert letter.error  # an empty reason is replaced, the schema requires one
     assert decode(encode(letter)) == letter
@@ -755,7 +778,8 @@ def test_dead_letter_survives_odd_inputs() -> None:
 def test_schema_error_message_fits_in_a_dead_letter() -> None:
     with pytest.raises(SchemaError) as info:
         decode(b'{"type": "job_event", "schema_version": 2}')
-    letter = dead_letter_for(b'{"type": "job_event", "schema_version": 2}', "jobs", 1, 2, info.value)
+    payload = b'{"type": "job_event", "schema_version": 2}'
+    letter = dead_letter_for(payload, "jobs", 1, 2, info.value, stage="agent")
     assert "job_event.schema_version" in letter.error and "(version)" in letter.error
     assert decode(encode(letter)) == letter
 
@@ -802,18 +826,23 @@ def test_command_id_is_stable_and_unambiguous() -> None:
     "event", [SAMPLES[i] for i, e in enumerate(SAMPLES) if e.type in ("prediction", "relaunch_command")]
 )
 def test_version_1_records_still_decode_and_version_2_names_the_attempt(event: Any) -> None:
+    def attempt(obj: dict[str, Any]) -> int | None:
+        decoded = decode(orjson.dumps(obj))
+        assert isinstance(decoded, Prediction | RelaunchCommand)
+        return decoded.attempt
+
     body = {k: v for k, v in event.to_dict().items() if k != "straggle_probability"}
-    written = {**body, "attempt": 2, "schema_version": 2}
-    assert decode(orjson.dumps(written)).attempt == 2
+    assert attempt({**body, "attempt": 2, "schema_version": 2}) == 2
     old = {k: v for k, v in body.items() if k != "attempt"} | {"schema_version": 1}
-    assert decode(orjson.dumps(old)).attempt is None
+    assert attempt(old) is None
     with pytest.raises(SchemaError, match="unknown field"):
         decode(orjson.dumps(old | {"attempt": 0}))  # version 1 has no attempt
 
 
 def test_prediction_version_3_adds_the_straggle_probability_and_version_2_has_none() -> None:
     body = {**next(e for e in SAMPLES if e.type == "prediction").to_dict(), "attempt": 1}
-    assert decode(orjson.dumps(body | {"straggle_probability": 0.75})).straggle_probability == 0.75
+    decoded = decode(orjson.dumps(body | {"straggle_probability": 0.75}))
+    assert isinstance(decoded, Prediction) and decoded.straggle_probability == 0.75
     with pytest.raises(SchemaError, match="unknown field"):
         decode(orjson.dumps(body | {"schema_version": 2, "straggle_probability": 0.75}))
     with pytest.raises(SchemaError, match="must be <= 1"):
