@@ -67,7 +67,8 @@ def test_the_mitigation_fold_reads_a_job_event_once_where_the_worker_puts_it() -
     for event, topic in ((finished, "tc"), (boundary, "tc"), (ended, "je")):
         assert state.process(encode(event), topic, foreign, 0, key) == []
     assert state.active_jobs == frozenset()  # nothing of the misplaced originals was folded
-    for offset, (forwarded, topic) in enumerate(((finished, "tc"), (boundary, "tc"))):
+    copies: tuple[tuple[TaskCheckpoint | CheckpointBoundary, str], ...] = ((finished, "tc"), (boundary, "tc"))
+    for offset, (forwarded, topic) in enumerate(copies):
         state.process(encode(forwarded), topic, home, offset, key)
     assert state.active_jobs == {job_id}
     job = state._jobs[job_id]
