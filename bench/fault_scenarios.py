@@ -97,8 +97,8 @@ consumer is restarted well within `PROGRESS_TIMEOUT_S`."""
 STOP_TIMEOUT_S = 30.0
 POLL_S = 0.25
 
-Outgoing = tuple[str, str, bytes]
-"""``(topic, key, value)`` of one record to produce."""
+Outgoing = tuple[str, str | None, bytes]
+"""``(topic, key, value)`` of one record to produce (``None``: a record without a key)."""
 
 
 class ScenarioFailed(RuntimeError):
@@ -296,7 +296,8 @@ class Publisher:
         for i, (topic, key, value) in enumerate(records):
             for _ in range(10_000):
                 try:
-                    self.producer.produce(topic, value, key.encode(), on_delivery=report(i))
+                    encoded = None if key is None else key.encode()
+                    self.producer.produce(topic, value, encoded, on_delivery=report(i))
                     break
                 except BufferError:
                     self.producer.poll(0.1)
@@ -829,6 +830,8 @@ BAD_KINDS = (
     "huge",
     "unknown-job",
     "bad-in-batch",
+    "no-key",
+    "wrong-key",
 )
 README_BAD_INPUT = {
     "Malformed JSON": ("not-json", "truncated"),
@@ -841,6 +844,7 @@ README_BAD_INPUT = {
     "oversize payloads": ("huge",),
     "jobs that never started": ("unknown-job",),
     "inside a `task_batch`": ("bad-in-batch",),
+    "no key or a key other than their job id": ("no-key", "wrong-key"),
 }
 """Each kind of bad input the README's 'Bad input' section lists (its words) -> the kinds sent."""
 BAD_REASON = {
@@ -856,6 +860,8 @@ BAD_REASON = {
     "huge": "(maxSize)",
     "unknown-job": "unknown job",
     "bad-in-batch": "task_batch.observations[{index}].latency: must be >= 0 (minimum)",
+    "no-key": "has no key",
+    "wrong-key": "is not its job id",
 }
 """What each kind's dead letter must say (the rule `schemas.SchemaError` names, or the agent's reason);
 ``{index}``: the observation's index in its batch."""
@@ -916,6 +922,8 @@ def bad_record(kind: str, i: int, job_id: str, topics: TopicNames) -> Outgoing:
         batch = {"type": "task_batch", "schema_version": 1, "job_id": job_id}
         bodies = [body | {"task_id": f"bad{i}.{k}", "latency": -3.0} for k in range(bad_observations(i))]
         payload = orjson.dumps(batch | {"observations": bodies})
+    elif kind in ("no-key", "wrong-key"):  # a valid event of the job, keyed as the agent cannot order
+        return topics.checkpoints, None if kind == "no-key" else f"not-{job_id}", orjson.dumps(valid)
     else:
         raise ValueError(kind)
     topic = topics.job_events if i % 10 == 0 and kind != "huge" else topics.checkpoints

@@ -53,6 +53,7 @@ from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, replay_decisions
 from straggler.kafka.names import TopicNames
+from straggler.kafka.routing import Reject, route
 
 SIZES = Sizes(jobs=2, tasks=150, bad_events=450)
 """Small enough for a test run, large enough for stragglers (checked) and every kind of bad record."""
@@ -116,8 +117,13 @@ def test_an_online_job_fed_duplicates_and_late_events_decides_as_with_a_clean_st
 def test_every_bad_record_is_rejected_with_its_reason() -> None:
     topics = TopicNames("x-")
     for i, kind in enumerate(BAD_KINDS * 3):
-        _, _, payload = bad_record(kind, i, "job", topics)
+        _, key, payload = bad_record(kind, i, "job", topics)
         reasons = [reason for _, reason in expected_letters(kind, i, ("t", 0, i))]
+        if kind in ("no-key", "wrong-key"):  # valid: the agent's routing rejects the key
+            assert isinstance(decode(payload), TaskCheckpoint)
+            where = route(None if key is None else key.encode(), "job", 0, 8)
+            assert isinstance(where, Reject) and reasons[0] in where.reason, kind
+            continue
         if kind == "unknown-job":
             assert isinstance(decode(payload), TaskCheckpoint)  # valid: the agent's pending rule rejects it
             continue
