@@ -16,19 +16,24 @@ for tool in java mvn; do
 done
 
 # Debian packages some tests drive, as a user would: headless Chromium renders the live view
-# (tests/test_liveview.py) and kcat attaches a foreign producer (tests/test_foreign_producer.py).
+# (tests/test_liveview.py), kcat attaches a foreign producer (tests/test_foreign_producer.py).
 # Installed when missing and we are root with apt-get; otherwise those tests fail, so say so.
 missing=()
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
 command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+# `docker compose config` validates compose.yaml in tests/test_compose.py; without Compose v2, Debian's
+# docker-compose (no Docker engine needed to validate).
+if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null 2>&1; then
+    missing+=(docker-compose)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
         echo "warning: ${missing[*]} missing, and only root with apt-get can install them here: install them" \
-            "yourself (sudo apt-get install ${missing[*]}), or tests/test_liveview.py and" \
-            "tests/test_foreign_producer.py fail." >&2
+            "yourself (sudo apt-get install ${missing[*]}), or the tests that use them fail" \
+            "(tests/test_liveview.py, tests/test_foreign_producer.py, tests/test_compose.py)." >&2
     fi
 fi
 

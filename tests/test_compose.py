@@ -242,3 +242,39 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard() -> Non
 def include_names(include: list[str]) -> list[str]:
     """Top-level package names of setuptools ``include`` patterns (``straggler*`` -> ``straggler``)."""
     return [pattern.rstrip("*").rstrip(".") for pattern in include]
+
+
+def _compose_config_command(tmp_path: Path) -> list[str]:
+    """``docker compose config -q`` on the stack: Compose v2 on the real file where it is installed,
+    else Debian's ``docker-compose`` 1.29 (scripts/setup.sh installs it), which validates the same
+    services, networks and options but predates the top-level ``name`` key: it reads a copy without
+    it. Neither needs a Docker engine."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose", "-f", str(ROOT / "compose.yaml"), "config", "-q"]
+    legacy = shutil.which("docker-compose")
+    if legacy is None:
+        pytest.fail("neither `docker compose` nor `docker-compose` is installed: run scripts/setup.sh (root)")
+    stack = {key: value for key, value in COMPOSE.items() if key != "name"}
+    copy = tmp_path / "compose.yaml"
+    copy.write_text(yaml.safe_dump(stack, sort_keys=False))
+    return [legacy, "-f", str(copy), "--project-directory", str(ROOT), "config", "-q"]
+
+
+def test_docker_compose_config_validates_the_stack(tmp_path: Path) -> None:
+    command = _compose_config_command(tmp_path)
+    checked = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    # the validator can fail: an option no service takes is refused
+    broken = {key: value for key, value in COMPOSE.items() if key != "name"}
+    broken["services"] = {**SERVICES, "grafana": {**SERVICES["grafana"], "depends_onn": ["prometheus"]}}
+    bad = tmp_path / "broken.yaml"
+    bad.write_text(yaml.safe_dump(broken, sort_keys=False))
+    refused = subprocess.run(
+        [*command[:1], *(["compose"] if command[1] == "compose" else []), "-f", str(bad), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert refused.returncode != 0 and "depends_onn" in refused.stderr + refused.stdout
