@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -115,6 +116,10 @@ class FakeConsumer:
 
     def seek(self, partition: TopicPartition) -> None:
         self.seeks.append(partition)
+
+    def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
+        """Metadata of an input topic of one partition (the rebuild asks how its jobs are placed)."""
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: None})})
 
 
 class Consumer(MitigationConsumer):

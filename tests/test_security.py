@@ -33,7 +33,10 @@ CA = certifi.where()  # any real PEM bundle serves as a CA file
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No security setting in this process's environment."""
     for name in (*SETTING_NAMES, CONFIG_FILE_ENV):
-        monkeypatch.delenv(name, raising=False)
+        # setenv first, so teardown restores the variable's absence too: `apply_kafka_config` writes
+        # os.environ itself, and a setting left behind would turn the later tests' clients to TLS
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return monkeypatch
 
 
