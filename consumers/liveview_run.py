@@ -20,7 +20,7 @@ from typing import Any
 
 from producers.replayer import ReplayResult, TraceReplayer
 from straggler.kafka.names import TopicNames
-from straggler.replay import child_process
+from straggler.replay import child_process, pipeline_processes
 from straggler.traces.jobtrace import JobTrace
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -105,15 +105,15 @@ def pipeline_and_view(
     common = ["--bootstrap", bootstrap, "--topic-prefix", topics.prefix]
     with ExitStack() as stack:
         stack.enter_context(
-            child_process(
-                ["worker", *common, "--seed", str(seed), "--datadir", str(workdir / "faust")],
-                workdir / "worker.log",
-            )
-        )
-        mitigate = ["mitigate", *common, "--policy", policy, "--group", group]
-        stack.enter_context(
-            child_process(
-                [*mitigate, "--checkpoint-seconds", str(checkpoint_seconds)], workdir / "mitigator.log"
+            pipeline_processes(
+                bootstrap,
+                topics,
+                group,
+                policy=policy,
+                seed=seed,
+                checkpoint_seconds=checkpoint_seconds,
+                datadir=workdir / "faust",
+                logs=workdir,
             )
         )
         stack.enter_context(child_process(["view", *common, "--port", str(port)], workdir / "view.log"))

@@ -200,6 +200,36 @@ def _percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
+@contextmanager
+def pipeline_processes(
+    bootstrap: str,
+    topics: TopicNames,
+    group: str,
+    *,
+    method: str = "nurd",
+    policy: str,
+    seed: int = 0,
+    checkpoint_seconds: float,
+    datadir: Path,
+    logs: Path,
+    metrics_port: int | None = None,
+) -> Iterator[None]:
+    """The worker and the mitigation consumer (group ``group``) as child processes on ``topics``,
+    logging to ``logs``/worker.log and mitigator.log; with ``metrics_port``, the worker serves
+    Prometheus metrics there and the mitigator at the next port."""
+    common = ["--bootstrap", bootstrap, "--topic-prefix", topics.prefix]
+    ports = {} if metrics_port is None else {"worker": metrics_port, "mitigate": metrics_port + 1}
+    metrics = {name: ["--metrics-port", str(port)] for name, port in ports.items()}
+    worker = ["worker", *common, "--method", method, "--seed", str(seed), "--datadir", str(datadir)]
+    mitigate = ["mitigate", *common, "--policy", policy, "--group", group]
+    mitigate += ["--checkpoint-seconds", str(checkpoint_seconds)]
+    with (
+        child_process([*worker, *metrics.get("worker", [])], logs / "worker.log"),
+        child_process([*mitigate, *metrics.get("mitigate", [])], logs / "mitigator.log"),
+    ):
+        yield
+
+
 def run_replay(
     traces: Sequence[JobTrace],
     *,
@@ -228,39 +258,18 @@ def run_replay(
             bootstrap = stack.enter_context(embedded_kafka())
         create_topics(bootstrap, prefix=topics.prefix)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="straggler-replay-")))
-        common = ["--bootstrap", bootstrap, "--topic-prefix", topics.prefix]
-        ports = {} if metrics_port is None else {"worker": metrics_port, "mitigate": metrics_port + 1}
-        metrics = {name: ["--metrics-port", str(port)] for name, port in ports.items()}
         stack.enter_context(
-            child_process(
-                [
-                    "worker",
-                    *common,
-                    "--method",
-                    method,
-                    "--seed",
-                    str(seed),
-                    "--datadir",
-                    str(workdir / "faust"),
-                    *metrics.get("worker", []),
-                ],
-                out / "worker.log",
-            )
-        )
-        stack.enter_context(
-            child_process(
-                [
-                    "mitigate",
-                    *common,
-                    "--policy",
-                    policy,
-                    "--group",
-                    group,
-                    "--checkpoint-seconds",
-                    str(checkpoint_seconds),
-                    *metrics.get("mitigate", []),
-                ],
-                out / "mitigator.log",
+            pipeline_processes(
+                bootstrap,
+                topics,
+                group,
+                method=method,
+                policy=policy,
+                seed=seed,
+                checkpoint_seconds=checkpoint_seconds,
+                datadir=workdir / "faust",
+                logs=out,
+                metrics_port=metrics_port,
             )
         )
         replayer = TraceReplayer(
