@@ -100,14 +100,18 @@ def _dump_booster(booster: Any) -> bytes:
     return bytes(booster.save_raw("ubj"))
 
 
+def _load_xgboost(raw: bytes, model: Any) -> Any:
+    """``model`` (a fresh Booster or XGBRegressor) loaded from UBJSON ``raw``."""
+    if not isinstance(raw, bytes):
+        raise ValueError("an XGBoost model is stored as bytes")
+    model.load_model(bytearray(raw))
+    return model
+
+
 def _load_booster(raw: bytes) -> Any:
     import xgboost as xgb
 
-    if not isinstance(raw, bytes):
-        raise ValueError("an XGBoost model is stored as bytes")
-    booster = xgb.Booster()
-    booster.load_model(bytearray(raw))
-    return booster
+    return _load_xgboost(raw, xgb.Booster())
 
 
 BOOSTER = StateCodec(_dump_booster, _load_booster)
@@ -121,11 +125,7 @@ def _dump_xgb_regressor(model: Any) -> bytes:
 def _load_xgb_regressor(raw: bytes) -> Any:
     import xgboost as xgb
 
-    if not isinstance(raw, bytes):
-        raise ValueError("an XGBoost model is stored as bytes")
-    model = xgb.XGBRegressor()
-    model.load_model(bytearray(raw))
-    return model
+    return _load_xgboost(raw, xgb.XGBRegressor())
 
 
 XGB_REGRESSOR = StateCodec(_dump_xgb_regressor, _load_xgb_regressor)
