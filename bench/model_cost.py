@@ -40,8 +40,8 @@ from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion
 from straggler.core.nurd import make_nurd
 from straggler.core.online import OnlineJob
+from straggler.core.online_replay import observe_interval
 from straggler.core.threshold import oracle_threshold
-from straggler.evaluation import observe_interval
 from straggler.traces.jobtrace import JobTrace
 from straggler.traces.synthetic import generate_jobs
 

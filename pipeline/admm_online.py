@@ -64,7 +64,7 @@ from straggler.core.admm import (
 )
 from straggler.core.method import BoolArray, FloatArray
 from straggler.core.online import OnlineJob
-from straggler.kafka.partitioner import partition_of
+from straggler.core.partitioner import partition_of
 
 if TYPE_CHECKING:
     import faust

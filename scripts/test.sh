@@ -8,5 +8,7 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"
 .venv/bin/mypy
+echo "== import contracts"
+.venv/bin/lint-imports
 echo "== pytest"
 .venv/bin/pytest "$@"

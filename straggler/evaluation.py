@@ -24,16 +24,16 @@ from typing import Any, Literal
 import numpy as np
 from tqdm import tqdm
 
-from straggler.core.jobstate import JobState
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
+from straggler.core.online_replay import replay_trace
 from straggler.core.policy_spec import make_policy
 from straggler.core.registry import make_method
 from straggler.core.scheduling import relaunch_latencies, simulate_relaunches
 from straggler.core.threshold import oracle_threshold
 from straggler.simulation import checkpoint_interval, limit_outcome, run_closed_loop
-from straggler.traces.jobtrace import FloatArray, IntArray, JobTrace
+from straggler.traces.jobtrace import FloatArray, JobTrace
 
 ThresholdMode = Literal["oracle", "online"]
 MACHINE_COUNTS = (100, 200, 300, 400, 500, 600, 700, 800, 900)
@@ -116,30 +116,7 @@ def replay_decisions(
     trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
 ) -> Iterator[list[Decision]]:
     """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
-    job = online_job(trace, method_name, config, prototypes)
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        observe_interval(job.state, trace, t, finished, gone, running, features)
-        yield job.checkpoint(t)
-
-
-def observe_interval(
-    state: JobState,
-    trace: JobTrace,
-    t: float,
-    finished: IntArray,
-    gone: IntArray,
-    running: IntArray,
-    features: FloatArray,
-) -> None:
-    """Apply to ``state`` what the stream delivers up to checkpoint ``t`` (one `checkpoint_events`
-    step), in the replayer's order: finishes, other ends, then the running tasks' snapshots."""
-    ids = trace.task_ids
-    for i in finished:  # end - start is `trace.latency`, without building that array every checkpoint
-        state.observe_finished(ids[i], trace.finish_features[i], trace.end[i] - trace.start[i], trace.end[i])
-    for i in gone:
-        state.observe_gone(ids[i], trace.end[i])
-    for row, i in enumerate(running):
-        state.observe_running(ids[i], features[row], trace.start[i], t)
+    yield from replay_trace(online_job(trace, method_name, config, prototypes), trace)
 
 
 def flag_times(

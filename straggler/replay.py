@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from producers.replayer import ReplayResult, TraceReplayer
 from schemas import (
     CheckpointEvaluated,
     DeadLetter,
@@ -230,6 +231,32 @@ def pipeline_processes(
         yield
 
 
+def closed_loop_replay(
+    traces: Sequence[JobTrace],
+    bootstrap: str,
+    topics: TopicNames,
+    group: str,
+    *,
+    checkpoint_seconds: float,
+    speed: float = 0.0,
+    seed: int = 0,
+    progress: bool = False,
+) -> ReplayResult:
+    """The closed-loop replay of ``traces`` through the running pipeline whose mitigator consumes as
+    ``group``; ``checkpoint_seconds`` is the pipeline's checkpoint grid."""
+    return TraceReplayer(
+        traces,
+        bootstrap,
+        topics=topics,
+        speed=speed,
+        closed_loop=True,
+        seed=seed,
+        mitigator_group=group,
+        progress=progress,
+        checkpoint_seconds=checkpoint_seconds,
+    ).run()
+
+
 def run_replay(
     traces: Sequence[JobTrace],
     *,
@@ -246,7 +273,6 @@ def run_replay(
     """Replay ``traces`` through the whole pipeline; write ``summary.json`` and ``report.md`` in ``out``.
 
     ``metrics_port``: the worker serves Prometheus metrics there, the mitigator at the next port."""
-    from producers.replayer import TraceReplayer
     from straggler.kafka.embedded import embedded_kafka
     from straggler.kafka.topics import create_topics
 
@@ -272,17 +298,16 @@ def run_replay(
                 metrics_port=metrics_port,
             )
         )
-        replayer = TraceReplayer(
+        result = closed_loop_replay(
             traces,
             bootstrap,
-            topics=topics,
+            topics,
+            group,
+            checkpoint_seconds=checkpoint_seconds,
             speed=speed,
-            closed_loop=True,
             seed=seed,
-            mitigator_group=group,
             progress=progress,
         )
-        result = replayer.run()
         outputs = read_outputs(bootstrap, topics)
     accuracy = score(traces, outputs)
     latencies = decision_latencies_ms(outputs)

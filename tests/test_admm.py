@@ -26,12 +26,12 @@ from straggler.core.admm import (
     straggler_labels,
 )
 from straggler.core.method import CheckpointData
+from straggler.core.partitioner import murmur2, partition_of
 from straggler.core.preprocessing import Standardiser
 from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, evaluate, summarise
 from straggler.kafka.config import consumer_config, producer_config
 from straggler.kafka.names import TopicNames
-from straggler.kafka.partitioner import murmur2, partition_of
 from straggler.kafka.topics import DEFAULT_PARTITIONS, create_topics
 from straggler.traces.jobtrace import JobTrace
 

@@ -27,8 +27,8 @@ from straggler.core.admm import (
     partition_datasets,
     standardiser_from_moments,
 )
+from straggler.core.partitioner import partition_of
 from straggler.kafka.names import TopicNames
-from straggler.kafka.partitioner import partition_of
 from straggler.kafka.topics import DEFAULT_PARTITIONS, create_topics
 from straggler.replay import child_process, read_topic
 

@@ -40,11 +40,11 @@ from schemas import (
     decode_each,
     encode,
 )
+from straggler.core.partitioner import partition_of
 from straggler.core.policies import Unlimited
 from straggler.evaluation import EvaluationConfig, replay_decisions
 from straggler.kafka.config import admin_config
 from straggler.kafka.names import TopicNames
-from straggler.kafka.partitioner import partition_of
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process
 

@@ -22,7 +22,7 @@ from pipeline.jobstore import JobStore, model_key, new_online_job
 from pipeline.model_codec import decode_model
 from straggler.core.nurd import make_nurd
 from straggler.core.online import Decision
-from straggler.evaluation import observe_interval
+from straggler.core.online_replay import observe_interval
 from straggler.traces.jobtrace import JobTrace
 from straggler.traces.synthetic import generate_jobs
 

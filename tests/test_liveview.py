@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from jobs_for_tests import make_job
 
-from consumers.liveview_run import chromium, dump_dom, pipeline_and_view, replay, wait_for
 from schemas import JobEvent, Prediction, RelaunchCommand, SchemaError, TaskCheckpoint, decode_each
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
-from straggler.replay import read_topic
+from straggler.liveview_run import chromium, dump_dom, pipeline_and_view, wait_for
+from straggler.replay import closed_loop_replay, read_topic
 
 pytestmark = pytest.mark.broker
 
@@ -104,7 +104,7 @@ def test_the_page_shows_the_jobs_stragglers_and_commands_the_topics_carried(
     ]
     port = _free_port()
     with pipeline_and_view(kafka_bootstrap, topics, tmp_path, port, checkpoint_seconds=4.0) as group:
-        result = replay(traces, kafka_bootstrap, topics, group, checkpoint_seconds=4.0)
+        result = closed_loop_replay(traces, kafka_bootstrap, topics, group, checkpoint_seconds=4.0)
         assert result.commands_applied > 0, "the scenario must issue commands"
         carried = _what_the_topics_carried(kafka_bootstrap, topics)
         n_commands = sum(len(j.commands) for j in carried.values())

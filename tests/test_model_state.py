@@ -26,9 +26,9 @@ from pipeline.model_codec import FORMAT, ModelRecordError, decode_model, encode_
 from straggler.core.admm import Admm
 from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
+from straggler.core.online_replay import observe_interval
 from straggler.core.registry import make_method, method_names
 from straggler.core.start import StartMethod
-from straggler.evaluation import observe_interval
 from straggler.traces.jobtrace import JobTrace
 
 FAST_PRESETS = {"nurd-paper", "nurd-nc", "gbtr"}

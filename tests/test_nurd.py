@@ -15,7 +15,8 @@ from straggler.core.nurd import (
     mostly_right,
 )
 from straggler.core.online import OnlineJob
-from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times, observe_interval
+from straggler.core.online_replay import observe_interval
+from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
 from straggler.traces.jobtrace import JobTrace
 
 

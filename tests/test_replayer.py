@@ -33,10 +33,10 @@ from schemas import (
     decode_each,
     encode,
 )
+from straggler.core.partitioner import partition_of
 from straggler.core.scheduling import relaunch_latencies
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
-from straggler.kafka.partitioner import partition_of
 from straggler.kafka.topics import create_topics
 from straggler.simulation import JobSimulation
 from straggler.traces.jobtrace import JobTrace, checkpoint_grid

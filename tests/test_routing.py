@@ -7,7 +7,7 @@ import zlib
 
 from consumers.mitigation import MitigationState
 from schemas import CheckpointBoundary, JobEvent, TaskCheckpoint, encode
-from straggler.kafka.partitioner import partition_of
+from straggler.core.partitioner import partition_of
 from straggler.kafka.routing import Forward, Process, Reject, is_home, route
 
 N = 8

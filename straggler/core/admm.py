@@ -34,9 +34,9 @@ import numpy as np
 from scipy import special
 
 from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.partitioner import partition_of
 from straggler.core.preprocessing import Standardiser
 from straggler.core.state import STANDARDISER, StateCodec
-from straggler.kafka.partitioner import partition_of  # pure: the placement, not a Kafka client
 
 if TYPE_CHECKING:
     from straggler.traces.jobtrace import JobTrace

@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import numpy as np
 
 from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.online import OnlineJob
+from straggler.core.online_replay import replay_trace
 
 if TYPE_CHECKING:
     from straggler.traces.jobtrace import JobTrace
@@ -217,9 +219,6 @@ class _SummaryRecorder(StragglerMethod):
     def __init__(self) -> None:
         """No parameters."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
-        return self  # the driver copies prototypes per job; this one must record in place
-
     def fit(self, data: CheckpointData) -> Self:
         return self
 
@@ -240,24 +239,24 @@ def training_sequence(
 ) -> tuple[FloatArray, FloatArray]:
     """``(times, summaries)``: the checkpoint summaries START sees for ``trace`` online.
 
-    The trace is replayed through the evaluator's own driver (`straggler.evaluation.replay_decisions`
-    with the online threshold), so the summaries come from exactly the `CheckpointData` the job shows
+    The trace is replayed through the evaluator's own driver (`straggler.core.online_replay`, with the
+    online threshold), so the summaries come from exactly the `CheckpointData` the job shows
     at each prediction checkpoint. The stand-in method flags nothing itself; the driver still hides
     tasks flagged by the reactive rule (elapsed >= threshold), as it does online. Once START flags a
     job's tasks itself, the online running set lacks them; those late checkpoints are the only place
     where online summaries can differ from these.
     """
-    from straggler.evaluation import EvaluationConfig, replay_decisions
-
     recorder = _SummaryRecorder()
-    config = EvaluationConfig(
-        methods=(recorder.name,),
-        threshold="online",
+    job = OnlineJob(
+        trace.job_id,
+        recorder,
+        len(trace.feature_names),
+        trace.expected_tasks,
         quantile=quantile,
         start_fraction=start_fraction,
         refit_growth=refit_growth,
     )
-    for _ in replay_decisions(trace, recorder.name, config, {recorder.name: recorder}):
+    for _ in replay_trace(job, trace):
         pass
     summaries = getattr(recorder, "summaries_", [])
     d = summary_size(len(trace.feature_names))

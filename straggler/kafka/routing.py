@@ -1,6 +1,6 @@
 """Where a job's input record belongs, whatever partitioner its producer used (pure, no client library).
 
-The pipeline's topics are co-partitioned by murmur2 of the job id (`straggler.kafka.partitioner`): the
+The pipeline's topics are co-partitioned by murmur2 of the job id (`straggler.core.partitioner`): the
 worker's timer writes a live job's boundaries there, its tables keep the job's state there, and the
 mitigation consumer joins a job's predictions with its task events there. A foreign producer (kcat and
 other librdkafka clients default to CRC32, ``consistent_random``) may put a job's records elsewhere.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from straggler.kafka.partitioner import partition_of
+from straggler.core.partitioner import partition_of
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from producers.replayer import ReplayResult, TraceReplayer
 from straggler.kafka.names import TopicNames
 from straggler.replay import child_process, pipeline_processes
-from straggler.traces.jobtrace import JobTrace
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 
@@ -119,27 +117,3 @@ def pipeline_and_view(
         stack.enter_context(child_process(["view", *common, "--port", str(port)], workdir / "view.log"))
         wait_for(port, lambda s: bool(s["reader"]["assigned"]), 60.0)
         yield group
-
-
-def replay(
-    traces: Sequence[JobTrace],
-    bootstrap: str,
-    topics: TopicNames,
-    group: str,
-    *,
-    checkpoint_seconds: float,
-    speed: float = 0.0,
-    seed: int = 0,
-) -> ReplayResult:
-    """The closed-loop replay of ``traces`` through the running pipeline."""
-    return TraceReplayer(
-        traces,
-        bootstrap,
-        topics=topics,
-        speed=speed,
-        closed_loop=True,
-        seed=seed,
-        mitigator_group=group,
-        progress=False,
-        checkpoint_seconds=checkpoint_seconds,
-    ).run()
