@@ -1,24 +1,9 @@
 """Fault scenarios against a real broker: crashes, restarts, a broker outage, bad input, duplicates.
 
-Each scenario runs the real processes (``straggler worker``, ``straggler mitigate``) as children,
-injects one kind of fault in the middle of a replay, and then compares what reached the output topics
-with what the offline evaluator decides for the same traces:
-
-- decisions: the first straggler flag per task, ``(job, task, checkpoint)``, must equal
-  `straggler.evaluation.replay_decisions`'s; repeated predictions after a restart are allowed (the
-  agent is at least once) but two verdicts for the same ``(job, task, checkpoint)`` are not;
-- commands: every command id the default policy (`speculate`: copies of likely stragglers, kills of
-  the races' losers) issues offline for the same open-loop stream must be on ``relaunch-commands``
-  (``read_committed``) exactly once.
-
-Why one module: ``tests/test_faults.py`` asserts on these results and ``bench/faults.py`` prints them,
-so the fault logic exists once. Every wait is bounded in time and every loop in count; everything
-binds to 127.0.0.1 (the broker is the caller's, or an embedded one on loopback).
-
-A scenario fails unless its fault landed: a wait that times out raises `ScenarioTimeout` (or, in the
-final check, is listed in ``timeouts``), and a fault is counted only once there is evidence of it (the
-killed process's exit, the broker's port closed, the second worker's partitions, a bad record's
-delivery).
+Each scenario runs the real processes as children, injects one fault in the middle of a replay and
+checks the output topics against the offline evaluator: the same first flags, and every command of
+the default policy committed exactly once. One module, because ``tests/test_faults.py`` and
+``bench/faults.py`` share it; a scenario fails unless its fault landed. Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Decision latency under load, and the agent's memory per job.
 
-Decision latency: from a checkpoint boundary's produce time to the last prediction or relaunch
-command it causes (`straggler.replay.decision_latencies_ms`), with the worker and the mitigation
-consumer as subprocesses, as in production. ``--jobs`` jobs of ``--tasks`` tasks run at once; each
-job's checkpoint grid is offset so jobs take turns at the boundaries, and the replayer paces the trace
-(open loop) so the stream carries ``--rate`` events per second on average: enough to keep the worker
-busy without building an unbounded backlog (pick about half to two thirds of `bench/throughput.py`'s
-pipeline rate on the machine at hand). The first ``--warmup`` seconds of boundaries are left out of
-the percentiles (Faust and the JIT-less interpreter warming up, first model fits).
-
-Memory: bytes per tracked task, from ``tracemalloc`` around a `JobState` filled with N running tasks
-(the agent's in-process state per task), and the worker's resident memory (VmRSS), sampled while the
-jobs are in flight.
+Latency: from a checkpoint boundary's produce time to the last prediction or command it causes, the
+worker and the mitigation consumer as subprocesses, the replay paced at ``--rate`` events per second.
+Memory: per tracked task (tracemalloc) and the worker's VmRSS. Method: docs/module-notes.md.
 
     .venv/bin/python bench/latency.py [--quick] [--json runs/bench/latency.json] [--bootstrap B]
 """

@@ -1,23 +1,8 @@
 """NURD's update + predict time per checkpoint against the reference protocol, with both F1s.
 
-Why: the refit rule and XGBoost are what make NURD affordable in a streaming agent; this measures
-what they save against the paper's protocol (scikit-learn GradientBoostingRegressor and
-LogisticRegression refitted from scratch at every checkpoint, `bench/reference.py`) and what they
-cost in accuracy. Three drivers run on the same synthetic jobs, as the offline evaluator drives
-them (`OnlineJob`, oracle p90 threshold, one task event at a time):
-
-- ``nurd``: ``make_nurd("nurd")`` with the refit rule (refit when the finished set grew by 25 %);
-- ``nurd-warm``: the same with ``warm_start=True``: its backtest and skill reuse the job's previous
-  fits, so a refit is one XGBoost fit instead of about 16 (`straggler.core.nurd`);
-- ``nurd-every``: ``nurd`` refitted from scratch at every checkpoint (``refit_growth=0``), the full
-  refit both incremental drivers are held to (F1 within 0.01);
-- ``reference``: the paper's models, refitted at every checkpoint.
-
-The headline ``speedup`` is reference / nurd-warm (the incremental configuration the target is
-about), the smallest over the job sizes; reference / nurd is printed beside it.
-
-Time per checkpoint covers feeding the checkpoint's task events to the job state and the
-``checkpoint`` call (calibrate, fit when due, predict, flag), i.e. all the agent's model work.
+Drivers ``nurd``, ``nurd-warm``, ``nurd-every`` and ``reference`` (the paper's scikit-learn models
+refitted at every checkpoint, `bench/reference.py`) run on the same synthetic jobs; the headline
+``speedup`` is reference / nurd-warm. Method: docs/module-notes.md.
 
     .venv/bin/python bench/model_cost.py [--quick] [--json runs/bench/model_cost.json]
 """

@@ -1,24 +1,8 @@
 """Task observations per second through the whole pipeline, against a raw consumer on the same topics.
 
-Why this comparison: a raw confluent-kafka consumer that only decodes JSON is the ceiling one
-Python process can reach on this broker; the ratio says how much of it the pipeline (Faust, schema
-validation, job state, NURD at each boundary, predictions published) keeps. The replayer sends each
-job checkpoint's observations as ``task_batch`` records, so rates are given in observations (a batch
-counts its observations, a boundary or job event none) and in records.
-
-Method. Synthetic jobs are replayed open loop, as fast as the broker takes them, *before* anything
-reads them (production speed does not bound either reader). Then, on the same broker:
-
-- raw: one consumer assigned every partition of the input topics drains them with
-  ``consume(num_messages=...)`` and ``orjson.loads`` each value; timed from its first batch to the
-  last record (the first batch is not counted);
-- pipeline: ``python -m straggler.cli worker`` as a subprocess; its consumer group's committed
-  offsets are polled (each offset maps to the observations before it, counted by the raw pass), and
-  the rate is timed from the first commit to the one that reaches the end (the worker commits every
-  second, so start-up and rebalancing are outside the window).
-
-Also reported: the records the worker wrote (predictions and the tables' changelogs) per input
-observation.
+A raw consumer that only decodes is the ceiling of one Python process; the ratio says how much of it
+the pipeline keeps. Both read the same synthetic replay, produced before either starts.
+Method: docs/module-notes.md.
 
     .venv/bin/python bench/throughput.py [--quick] [--json runs/bench/throughput.json] [--bootstrap B]
 """

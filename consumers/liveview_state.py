@@ -1,26 +1,11 @@
 """The live view's pure core: a fold from decoded pipeline events to a JSON-ready summary.
 
-`LiveViewState.apply` takes any decoded event (already unbatched with `schemas.decode_each`) and keeps,
-per job: its start and end, which tasks have finished (and as which attempt), which are running at its
-latest checkpoint, which were predicted to straggle, and the commands issued for it. `summary` turns
-that into what the page shows. No Kafka here, so it is tested with hand-made events.
+`LiveViewState.apply` keeps, per job, its tasks' state, predictions and commands; `summary` renders
+what the page shows. No Kafka here. The completion time saved is an estimate from the stream alone
+(a replaced task is taken to have ended at its original attempt's predicted end); ``straggler
+replay``'s report measures the true saving.
 
-Completion time saved. The topics never carry what a mitigated task would have taken without the
-command (only a replay's simulation knows the trace's own latency), so the saving shown is an
-*estimate* made from the stream alone, and only for jobs that have ended:
-
-- a task with no relaunch/duplicate command, or whose original attempt won the race against its copy,
-  ends when its finish event says (as it would have without the command);
-- a task whose original attempt was replaced (relaunched, or its copy won) would have ended at the
-  original attempt's *predicted* end, from the latest prediction about that attempt: its checkpoint
-  time minus the elapsed time plus the predicted latency (``adjusted_latency``). Policies may act on
-  tasks not flagged (``speculate`` prices copies by survival estimates), so every verdict counts;
-- estimated saving = (latest of those ends) - (latest observed finish). It can be negative (the
-  replacement ran longer than the model expected the original to). A job whose replaced task has no
-  predicted latency (a method without one) gets no estimate.
-
-It is only as good as the model's latency prediction; ``straggler replay``'s report measures the true
-saving against the trace.
+How the estimate is made: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,54 +1,15 @@
 """The mitigation consumer: straggler verdicts in, relaunch commands out, exactly once per decision.
 
-Two layers:
+`MitigationState` is the pure fold (input records in; commands and dead letters out, through a
+`straggler.core.policies` policy); `MitigationConsumer` runs it in a transactional
+consume-transform-produce loop, one transaction per batch (commands, dead letters, input offsets),
+and rebuilds the state by folding the input up to the committed offsets after an assignment or abort.
+Contract: inputs are aligned on event time (a job's marker for T waits until its ``task-checkpoints``
+reached T; only its finishes at or before T are applied first), so no later finish reaches the
+decision at T and the outputs do not depend on fetch interleaving; a closed-loop driver waits until
+the committed offsets pass both the marker and the boundary. Inputs: co-partitioned, range-assigned.
 
-`MitigationState` is the pure core: a fold over input records (bytes plus where they came from) that
-drives a `straggler.core.policies` policy and returns the commands and dead letters each record
-causes. It never touches Kafka, so it can be replayed (state rebuild) and tested on its own.
-
-`MitigationConsumer` runs the fold in a transactional consume-transform-produce loop: each consumed
-batch is one Kafka transaction holding the batch's commands, its dead letters and the input offsets,
-so after any crash either all of a batch's effects are visible (read_committed) or none are.
-
-Event-time alignment. The inputs arrive on three topics, and Kafka orders records only within one
-partition, so the consumer may see a job's ``checkpoint_evaluated`` marker for ``T`` before the finish
-events of ``(T - interval, T]`` on ``task-checkpoints``, or after finish events later than ``T``. Acting
-on arrival order would make the policy's state depend on how fetches happened to interleave: a replay
-(the rebuild below) could then reach another state than the live run did, and a finish after ``T``
-would leak future information into the decision at ``T``. So the fold aligns the inputs on event time:
-
-- a marker for ``T`` is acted on only once the job's ``task-checkpoints`` stream has reached ``T``
-  (a ``checkpoint_boundary``, or a ``running`` checkpoint, at ``T`` or later; the replayer writes every
-  finish of ``(T - interval, T]`` before those, and the agent's timer writes its boundaries there too);
-- just before it, the job's finish events with time ``<= T`` that the policy has not seen are applied
-  (in arrival order); later finishes wait for a later marker;
-- a job is dropped (``on_job_ended``) once its ``ended`` event has arrived, none of its markers is
-  waiting, and a marker with a later time has been seen on the same predictions partition (the agent
-  writes markers in checkpoint order per partition, so none of the job's markers can still come).
-
-With that, the commands and the state after consuming given prefixes of the input partitions do not
-depend on the interleaving. A closed-loop driver must therefore wait until the consumer's committed
-offsets are past *both* the marker (on ``straggler-predictions``) and the job's boundary (on
-``task-checkpoints``) before it reads a checkpoint's commands.
-
-State after a restart or an aborted transaction: the policy's state, the prediction buffers, the
-waiting markers and finishes and the issued command ids are a deterministic fold over the input
-records. On every assignment (and after an abort) the consumer rebuilds them by reading the assigned
-input partitions from the beginning up to the group's committed offsets with a separate, unsubscribed
-consumer, through the same fold, discarding outputs; the live consumer then continues from the
-committed offsets. The cost is proportional to the retained input (and input deleted by retention is
-missing from the rebuilt state). A production deployment would instead write a snapshot of the state
-to a compacted topic in the same transaction as the commands and restore from it.
-
-Foreign producers: a task or job event that arrived on a partition other than its job's murmur2
-partition is skipped here (`straggler.kafka.routing`): the worker forwards it, unchanged, to that
-partition (or dead-letters it if it has no key or another key than its job id), and the consumer
-reads the forwarded copy, next to the job's predictions. So each record of a job is folded once, by
-the instance that owns the job.
-
-Deployment notes: all input topics must be co-partitioned (same partition count, keyed by job id) and
-assigned with the ``range`` assignor (set here), so one instance sees all of a job's records; each
-instance of a group needs its own ``transactional_id`` (the default ``<group>-tx`` suits one instance).
+Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Consensus ADMM rounds over Kafka: one node per partition, vectors only on the wire.
 
-The math lives in `straggler.core.admm`; this module only moves vectors. Each node (a thread here,
-one per partition of the agent) runs synchronous rounds:
-
-1. x-update on its own rows (`ConsensusNode.local_step`), giving its message x_i + u_i;
-2. publish the message to the single-partition exchange topic;
-3. read the topic until it holds every node's message of this round;
-4. replay the consensus step (`Consensus.update`: z = mean of the messages in node order, every
-   dual, the residuals) and set its own dual from it; stop when the residuals are small or the
-   round budget is spent. Every node reads the same messages, so all stop at the same round with
-   bit-identical weights, which equal the in-process `fit_consensus` run's.
-
-A record's value is the message as raw little-endian float64 (exactly ``dim * 8`` bytes); headers
-carry the schema, its version, the run id, the node id and the round. Records of other runs on the
-same topic are skipped. Every wait is bounded by ``round_timeout``.
+The math lives in `straggler.core.admm`; this module only moves vectors. Each node (a thread) runs
+synchronous rounds: local step, publish x_i + u_i to the single-partition exchange topic, read every
+node's message, replay `Consensus.update`; all nodes stop at the same round with the weights of
+`fit_consensus`. Rounds and the record format: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,45 +1,12 @@
 """Collaborative ADMM inside the Faust worker: the nodes are the agent's partitions (``--admm-interval``).
 
-The math is `straggler.core.admm` (`ConsensusNode`, `Consensus`, `node_moments`,
-`standardiser_from_moments`); this module only decides when each step runs and moves vectors.
+The math is `straggler.core.admm`; this module only decides when each step runs and moves vectors.
+Every ``admm_interval`` seconds each node (an input partition's finished tasks) sends its next round's
+message to the one-partition exchange topic; the exchange agent averages a complete round into z and
+writes it, with the pooled scaler moments, to a GlobalTable, from which each job's `Admm` method
+predicts (no straggler before round 1). Node state is in memory; a stalled round is sent again.
 
-Protocol. Node ``p`` is input partition ``p`` of the agent; its rows are the finished tasks (finish
-features, label latency > 1.3 x the median of that job's finished tasks so far) of the jobs keyed to
-``p`` that the worker owning ``p`` holds in its `JobStore`, plus the rows of jobs that ended there
-less than `RETENTION_S` ago (the agent drops an ended job's tables; its rows are kept in memory).
-The latest consensus ``(round R, z_R, pooled moments)`` is one row of a GlobalTable, replicated to
-every worker.
-
-1. Every ``admm_interval`` seconds, each worker, for each partition it owns whose node has not sent
-   round R+1 yet: standardise the node's current rows with the scaler pooled from round R's moments,
-   set u_i <- message_i - z_R (`ConsensusNode.dual_step`; a node that did not take part in round R
-   starts afresh with u_i = 0, x_i = z_R), solve the local step against z_R, and send
-   ``(node, R+1, x_i + u_i, node_moments(rows))`` to the one-partition exchange topic. A node with no
-   row still sends: its local step is the regulariser's proximal step, as in `fit_consensus`.
-   Round 0 carries moments only (its vectors are zeros: x = u = z = 0, as `fit_consensus` starts),
-   because no shared scaler exists before it.
-2. The exchange agent (the topic has one partition, so one worker runs it) collects round R+1; when
-   every one of the ``partitions`` nodes has sent, it runs `Consensus.update` (z = mean of the
-   messages, in node order), sums the moments (the scaler of the next round) and writes the record
-   to the GlobalTable. Stale rounds are ignored; nothing blocks: an incomplete round just waits.
-3. A node whose round has not completed after `STALL_TICKS` intervals sends its message again (the
-   aggregator keeps the latest per node): that recovers messages lost when the exchange partition
-   moved to another worker, whose collection starts empty.
-
-With fixed data this is exactly consensus ADMM with a fixed scaler from the round after the data
-stopped changing, so it converges to `fit_consensus`'s fixed point on the same partition datasets.
-While data arrives, each round solves the current problem from the previous round's state.
-
-Predictions: before a job's checkpoint is evaluated, its `Admm` method takes the latest z and the
-scaler z was fitted under. Until round 1 completes (the first z fitted on data) the method predicts
-no straggler (the job driver still flags tasks that already ran for the threshold).
-
-Node state (x_i, u_i, last round sent) and the retained rows of ended jobs live in memory: a
-partition that moves to another worker restarts there with u_i = 0 against the current z, and loses
-the rows of its ended jobs (those of running jobs come back from the tables).
-
-Envelopes are orjson (``schema``, ``version``; float64 vectors as JSON numbers, which orjson writes
-in shortest round-trip form, so they arrive bit-identical).
+Protocol, recovery and envelopes: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,41 +1,17 @@
 """Each job's `OnlineJob`, kept in Faust tables so a restarted or rebalanced worker gets it back.
 
-Three tables, all written while the agent handles an event of the job, so every write goes to the
-changelog partition of the job's own partition (the topics are co-partitioned):
+Tables ``tasks`` (task changes, one row per record), ``jobs`` (one row per job: a checkpoint's commit
+record) and ``models`` (each refit's method as data, `pipeline.model_codec`, never a pickle), all
+written on the job's own changelog partition; in-memory `OnlineJob`s are a cache rebuilt from them.
+A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
 
-``tasks``   a job's task changes, one row per input record and per evaluated checkpoint
-            (``job \x1f sequence``): the new state of every task the record changed (status, latest
-            features, start, attempt, latency, when it was flagged). A batch of observations is one
-            row, so the changelog grows with records, not with task observations.
-``jobs``    one row per job: expected tasks, feature names, model version, size of the finished set
-            at the last fit, whether it is calibrated, last evaluated checkpoint, live or replayed.
-``models``  the fitted method of each job at every refit (about 15 per job) under ``job \x1f version``,
-            so a recovered worker predicts with exactly the model it had, instead of a refit on
-            different data. Stored as data, never as a pickle (`pipeline.model_codec`: the method's
-            `get_state`, XGBoost models in XGBoost's own format, arrays in an ``.npz`` read without
-            pickle): anyone who can write to the changelog could otherwise run code in the worker.
-            A row that is not a model of the worker's method and parameters (a pickle, a malformed
-            or foreign row) is logged and the job refitted at its next checkpoint, as when the row is
-            missing; recovery is exact for every row a worker wrote itself.
+1. `evaluate`: the checkpoint's flags (a task row) and new model (a new version key), not the job row;
+2. the predictions are published and acknowledged;
+3. `record_evaluation`: the job row, acknowledged before anything else of the job is written;
+4. `retire_models`: the model the row no longer names is deleted.
 
-The in-memory ``OnlineJob`` objects are a cache derived from the tables: dropped whenever partitions
-are revoked or assigned, rebuilt from the tables on the next event of the job (the task rows applied
-in sequence order, later rows overriding earlier ones).
-
-A checkpoint changes all three tables, and the changelogs are separate topics: a killed worker can
-leave any subset of its last writes behind. The job row is therefore the commit record of a
-checkpoint, written in this order by the agent:
-
-1. `evaluate` writes the checkpoint's flags (one task row) and new model (under a new version key), not
-   the job row;
-2. the agent publishes the predictions and waits until all of it is acknowledged;
-3. `record_evaluation` writes the job row, and the agent waits for that too before it writes anything
-   else of the job (later task rows must never outlive a lost job row);
-4. `retire_models` deletes the model the row no longer names.
-
-A rebuild trusts the job row alone: it loads the model version the row names and drops flags raised
-after the row's last evaluated checkpoint, so a checkpoint whose job row was lost is evaluated again
-from exactly the state it first saw.
+A rebuild trusts the job row alone: the model version it names, no flag after its last evaluated
+checkpoint. Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Rows of the ``models`` table: a fitted method as bytes that cannot run code when read.
 
-The changelog of the ``models`` table is a Kafka topic: whoever can write to it chooses what a worker
-reads back. A pickle there would let them run code in the worker, so a model row is a NumPy ``.npz``
-archive read with ``allow_pickle=False``:
-
-- ``header``: UTF-8 JSON, ``{"format": FORMAT, "method": name, "params": ..., "state": ...}``, the
-  method's registry name, its constructor parameters and its `StragglerMethod.get_state`;
-- ``0``, ``1``, ...: the state's numpy arrays and bytes (as uint8 arrays), which the JSON refers to
-  as ``{"$array": "0"}`` and ``{"$bytes": "1"}``. Tuples are ``{"$tuple": [...]}`` and non-finite
-  floats ``{"$float": "nan"}`` (JSON has neither).
-
-Nothing in a row names a class or a function: the state's objects (XGBoost boosters, scikit-learn
-models) are rebuilt by the method's own `set_state` from data (`straggler.core.state`). Reading a row
-(`decode_model`) raises `ModelRecordError` for anything else: a pickle, a malformed archive, an object
-array, a row of another method or of other parameters, state the method does not accept.
+Whoever can write to the ``models`` changelog chooses what a worker reads back, so a row is a NumPy
+``.npz`` read with ``allow_pickle=False``: a JSON ``header`` (method name, parameters, `get_state`)
+and the numbered arrays it refers to. Nothing names a class or a function; `decode_model` raises
+`ModelRecordError` for anything else. The format: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Replay `JobTrace`s onto Kafka as a cluster's monitoring would have sent them (docs/stream-protocol.md).
 
-Open loop, the trace is published as recorded: at every instant of the global timeline (the sorted
-union of every job's checkpoints), each job active at that instant gets, in job order, its ``started``
-event (before its first checkpoint), the finish and kill events of the interval, one ``running`` event
-per running task and the checkpoint boundary; ``ended`` follows its last boundary.
+Open loop: the trace as recorded, instant by instant of the global timeline. Closed loop: the replay
+is also the cluster that obeys the pipeline; after each instant's boundaries it waits for the agent's
+markers and the mitigation consumer's committed offsets, reads the commands and applies them to its
+`JobSimulation` (`straggler.simulation`'s rules, shared with the evaluator).
 
-Closed loop, the replay is also the cluster that obeys the pipeline: after the boundaries of an instant
-it waits for the agent's ``checkpoint_evaluated`` marker of every job and for the mitigation
-consumer's committed offset to pass it, reads the committed relaunch commands, and changes its
-simulation of the affected jobs (`JobSimulation`) before it moves on. A job's completion time before
-and after the commands is the end-to-end result of the pipeline.
-
-The cluster's rules (new runs, speculative copies, kills, extra checkpoints) are
-`straggler.simulation`'s, shared with the offline evaluator.
+Event order: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Live telemetry SDK: how a running cluster (not a trace) feeds the straggler pipeline.
 
-A scheduler or monitoring agent announces a job, reports its tasks' features while they run and their
-latency when they finish, then ends the job::
+`TelemetryProducer`: `start_job`, `report` (features while a task runs, its latency when it finishes),
+`end_job`. Each report is validated against its JSON Schema at once (`schemas.SchemaError`, nothing
+sent); reports leave as ``task_batch`` records per job, at most ``linger`` seconds late, keyed by job
+id with murmur2; `flush` raises `DeliveryError` for any failed delivery.
 
-    from producers.telemetry import TelemetryProducer
-
-    with TelemetryProducer("127.0.0.1:9092") as telemetry:
-        telemetry.start_job("job-42", expected_tasks=200)
-        telemetry.report("job-42", "task-7", {"cpu_usage": 0.8, "memory_usage": 0.3}, start_time=t0)
-        ...
-        telemetry.report("job-42", "task-7", {"cpu_usage": 0.7}, status="finished", latency=131.5)
-        telemetry.end_job("job-42")
-
-Every event is validated against its JSON Schema when it is reported: a bad report raises
-`schemas.SchemaError` naming the field and the broken rule, and nothing reaches the broker. Reports are
-gathered per job and sent as ``task_batch`` records, at most ``linger`` seconds after the first of them
-(or once ``max_batch`` are waiting, or at `flush`, `end_job` and `close`): one record per job per linger,
-not per task. Records are keyed by job id with the murmur2 partitioner, like the trace replayer, so a
-job's events stay in order on one partition. Live jobs send no checkpoint boundaries: the agent
-evaluates them on a timer.
-
-Delivery is asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises
-`straggler.kafka.config.DeliveryError` carrying every failed delivery, so no failure goes unnoticed.
+Example and delivery details: docs/module-notes.md, README.md ("Live telemetry").
 """
 
 from __future__ import annotations

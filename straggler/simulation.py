@@ -1,24 +1,13 @@
 """A pure simulation of a cluster obeying mitigation commands, shared by the replayer and the evaluator.
 
-`JobSimulation` holds one job's tasks as commands change them; the closed-loop replayer publishes
-what it yields onto Kafka, and `run_closed_loop` feeds the same steps to an `OnlineJob` and a policy
-offline, so a stream replay and the evaluator decide the same commands (a test checks it).
+`JobSimulation` holds one job's tasks as commands change them; the closed-loop replayer publishes its
+steps onto Kafka and `run_closed_loop` feeds them to an `OnlineJob` and a policy offline, so both decide
+the same commands. No future information reaches a predictor: a new run takes its task's one fixed
+`relaunch_latencies` draw and reports the features last observed when it started. ``relaunch``
+restarts from zero, ``duplicate`` races a copy (first finisher wins), ``kill`` stops a race's loser or
+a task; jobs that now end later get further checkpoints on the same grid.
 
-The cluster's rules, chosen so that no future information reaches a predictor:
-
-- a new run (a relaunch, or a speculative copy) takes the latency `relaunch_latencies` draws for its
-  task (one fixed draw per task and seed), and reports the features last observed for the task when
-  the run started (the trace's later features describe the original run);
-- ``relaunch`` kills the running attempt and starts attempt + 1 from zero;
-- ``duplicate`` starts attempt + 1 beside the original; the task ends at the earlier of the two (the
-  copy's end when the original fails first), and its finish event names the winning attempt (only
-  the original reports while both run);
-- ``kill`` of a race's loser stops it (until then it keeps its machine); ``kill`` of a task without a
-  copy ends it as killed;
-- a job whose tasks now end after its last checkpoint gets further checkpoints on the same grid.
-
-Machine time is counted per attempt from its start to its end or kill, so the extra machine time of
-a policy is what all attempts used beyond the trace's own runs (negative when copies end tasks early).
+The rules in full, and machine time: docs/module-notes.md.
 """
 
 from __future__ import annotations

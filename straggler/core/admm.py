@@ -1,27 +1,11 @@
 """Collaborative straggler prediction by consensus ADMM (the ADMM collaborative-learning paper, §3.2).
 
-One L2-regularised logistic classifier is shared by N nodes. Node i keeps its own finished tasks
-and solves, each round, the paper's local problem (its eq. 5, in scaled form u_i = -c_i / rho)::
+One L2-regularised logistic classifier is shared by N nodes (the agent's partitions): each node solves
+a local step on its own finished tasks and sends only x_i + u_i; `Consensus` replays the consensus step
+and the stopping rule from the messages alone, so the in-process driver (`fit_consensus`) and the Kafka
+exchange compute bit-identical weights. numpy/scipy only, no Kafka.
 
-    x_i = argmin_w  (1/m_i) sum_j log(1 + exp(-b_ij w.a_ij)) + (lambda/N) R(w) + rho/2 ||w - z + u_i||^2
-
-with R(w) = 1/2 ||w||^2 over the feature weights (the intercept is not penalised, as in
-scikit-learn). Only the vector x_i + u_i leaves the node. The consensus step is the paper's
-w-update, which carries no regulariser of its own (R sits in the local problems):
-z = mean_i(x_i + u_i); each node then sets u_i <- u_i + x_i - z. The fixed point minimises the
-paper's eq. (1), sum_i (1/m_i) sum_j l_ij + lambda R(w).
-
-Every vector a round produces is a function of the messages alone (z, and every node's dual
-u_j = message_j - z), so each node can replay the consensus step and the stopping rule itself:
-`Consensus` is that replica, shared by the in-process driver (`fit_consensus`) and the Kafka
-exchange (``pipeline.admm_exchange``), which therefore compute bit-identical weights.
-
-Stopping rule: Boyd et al. (2011, §3.3.1) primal and dual residuals under absolute + relative
-tolerances, or a fixed round budget, whichever comes first.
-
-Nodes are the agent's partitions: a training job belongs to partition ``partition_of(job_id, n)``,
-Kafka's murmur2 placement of the job-id key (the producers' ``murmur2_random`` partitioner).
-No Kafka import here: this module is numpy/scipy only.
+The equations and the stopping rule: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The paper's baselines (§6), as `StragglerMethod`s NURD is compared against.
 
-Each sees exactly what NURD sees at a checkpoint (`CheckpointData`): finished tasks with latencies,
-running tasks with features and elapsed time, never a running task's latency. Wrangler alone is
-also granted true labels of a random 2/3 of the job, as the paper grants it.
-
-Conventions shared by every baseline here (and by `straggler.core.outliers`):
-
-- Missing features (NaN or ±inf, e.g. no usage window yet) are filled with the finished tasks'
-  column means (`impute_like`); scaling statistics come only from the data a method is given.
-- Latency methods (reactive, tobit, grabit) fill ``latency`` and ``adjusted``. Classifiers (wrangler,
-  the PU learners, coxph, the outlier detectors) leave them NaN and put a straggler score in
-  ``propensity``: higher means more straggler-like, so one ranking metric reads every method.
-- When the data cannot support a model (fewer than 2 finished tasks, all finished latencies equal,
-  no running task to contrast with, ...), a method falls back to the reactive rule ``elapsed >=
-  threshold`` (what speculative execution does with no model) and sets ``fallback_ = True``; it
-  never raises on degenerate input. Classifier fallbacks leave ``propensity`` NaN (no model, no score).
+Each sees exactly what NURD sees (`CheckpointData`; Wrangler is also granted the true labels of 2/3 of
+the job, as the paper grants it). Shared conventions: missing features are imputed with the finished
+tasks' means; latency methods fill ``latency``/``adjusted``, classifiers a ``propensity`` score (higher
+is more straggler-like); on degenerate input a method falls back to the reactive rule (``fallback_``),
+never raises. Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The contract every straggler predictor meets, NURD and baselines alike.
 
-A method sees one checkpoint of one job at a time (`CheckpointData`): finished tasks with their
-features and latencies, running tasks with their features and elapsed time, and the straggler
-threshold in force. It never sees a running task's latency. Following scikit-learn, parameters are
-stored as given in ``__init__`` (no work there) and learned state ends with ``_``.
-
-The job driver (`straggler.core.online.OnlineJob`) decides *when* to call ``fit`` (the refit rule)
-and calls ``calibrate`` once per job, at its first prediction checkpoint. The driver, not the
-method, enforces that a predicted latency is never below the task's elapsed time.
-
-A fitted method gives its learned state as plain data (`StragglerMethod.get_state`, see
-`straggler.core.state`) and takes it back on a fresh method with the same parameters (``set_state``):
-what the worker stores at every refit, so that reading a stored model back can never run code.
+A method sees one checkpoint of one job (`CheckpointData`), never a running task's latency; parameters
+are stored as given in ``__init__`` and learned state ends with ``_`` (as in scikit-learn). The job
+driver (`OnlineJob`) decides when to ``fit`` and ``calibrate`` and floors predictions at the elapsed
+time. Learned state round-trips as plain data (`get_state` / ``set_state``), so reading a stored model
+never runs code. Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

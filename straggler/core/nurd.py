@@ -1,37 +1,12 @@
 """NURD: negative-unlabeled straggler prediction (Ding et al., MLSys 2022), and its variants.
 
-Per checkpoint of a running job:
+Per checkpoint: a latency regressor h (XGBoost) on the finished tasks, a propensity model (finished vs
+running), a weight w per running task; adjusted latency = h(x) / w, straggler if >= threshold. One
+class, several presets (`PRESETS`): ``nurd-paper`` (the paper literally), ``nurd-nc``, ``gbtr``,
+``nurd`` (shipped: the adjusted latency as a ranking, calibrated per job from its own past),
+``nurd-backtest`` and ``nurd-warm``.
 
-1. a latency regressor h (XGBoost) trained on the *finished* tasks only;
-2. a propensity model z = P(finished | x) (logistic regression), finished vs running;
-3. a weight w in (0, 1] per running task; adjusted latency = h(x) / w; straggler if >= threshold.
-
-One class, several presets (see `PRESETS`):
-
-``nurd-paper``  the paper taken literally: w = max(eps, min(z + delta, 1)), delta = 1/(1+rho) - alpha,
-                rho = ||c_fin||^2 / ||c_run - c_fin||^2 from the raw feature centroids, computed once
-                per job at the first prediction checkpoint (Algorithm 1, lines 4-6).
-``nurd-nc``     the same code with calibration off: w = max(eps, min(z, 1)).
-``gbtr``        the same regressor with no reweighting: w = 1.
-``nurd``        the variant this project ships (docs/results.md §10 has the measurements behind it):
-                - the regressor on log latency (unshrunk: as in ``gbtr``, h(x) >= threshold flags on
-                  its own); the propensity fitted class-balanced, read as a density ratio
-                  r = z / (1 - z) ~ p(x | finished) / p(x | running) (the literal w = z + delta sits
-                  at eps early in a job and inflates every prediction);
-                - the paper's adjusted latency h(x) / w(x) (w = min(r, 1)) is used as a *ranking* of the
-                  running tasks, and the calibration is per job and learned from the job's own past:
-                  P(straggler | survival prior, percentile) by logistic regression on the tasks ranked
-                  at earlier fits whose outcome is known now (`_calibrate_ranking`). A regressor trained
-                  on finished tasks cannot predict past their longest latency; a ranking can;
-                - it flags a task when that probability reaches ``flag_probability``, and only after
-                  the percentile passed a likelihood-ratio test and the flags earlier candidates would
-                  have raised proved mostly right. With no signal it is the reactive rule.
-``nurd-backtest`` the previous ``nurd``: strength of the density weight chosen by backtests.
-``nurd-warm``   ``nurd-backtest`` that learns from its own past fits instead of refitting copies of itself
-                (``warm_start=True``): the backtest judges the job's previous models at the moments
-                they were fitted, and the skill is how well the previous models predicted the tasks
-                that finished after them (prequential R^2). One XGBoost fit per refit instead of about
-                16; the cold estimates remain for a job's first fits, when there is no past to use.
+What each preset does and why: docs/module-notes.md (measurements: docs/results.md §8, §10).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Algorithm 1's loop for one job: when to train, what to predict, what to flag.
 
-`OnlineJob` holds a job's `JobState` and one `StragglerMethod`. At each checkpoint it
-
-1. waits until ``start_fraction`` of the job's tasks have finished (the paper's 4 %);
-2. calibrates the method once, at the first prediction checkpoint;
-3. refits when the finished set has grown by ``refit_growth`` since the last fit (the refit rule:
-   with the default 0.25 a job of n tasks is refitted about log(n / (0.04 n)) / log(1.25) ~= 15
-   times, instead of at every checkpoint);
-4. scores the running tasks not yet flagged, floors every predicted latency at the task's elapsed
-   time (a running task cannot finish in the past), and flags those at or over the threshold; a
-   flagged task is not evaluated again.
-
-The threshold is either fixed (the oracle p90, for evaluation) or estimated online from the
-finished latencies and the running tasks' elapsed times (`straggler.core.threshold`).
+`OnlineJob` holds a job's `JobState` and one `StragglerMethod`. At each checkpoint it waits until
+``start_fraction`` of the tasks have finished, calibrates the method once, refits when the finished set
+has grown by ``refit_growth``, floors every predicted latency at the task's elapsed time and flags the
+tasks at or over the threshold (oracle p90, or estimated online by `straggler.core.threshold`); a
+flagged task is not evaluated again. Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The paper's outlier-detection baselines (Table 3): PyOD detectors that know nothing of latency.
 
-Each detector learns the finished tasks' features as the nominal population and flags a running
-task whose features are outlying, at contamination 0.1 (the rate of stragglers under a p90
-threshold). Features are imputed and z-scaled with the finished tasks' statistics; columns that are
-constant among finished tasks are dropped (they break MCD and PCA and say nothing about normality).
+Each detector learns the finished tasks' features as the nominal population and flags outlying running
+tasks at contamination 0.1 (transductive SOS, COF, SOD: cut at the finished tasks' 90th percentile
+score). PyOD (extra ``outliers``) is imported at ``fit``; the stored state is the scaler and the
+population, and `set_state` refits the deterministic detector. Fallback: the reactive rule.
 
-SOS, COF and SOD are transductive in PyOD: ``decision_function(X)`` scores X against X itself and
-ignores the fitted data. Here they score finished and running tasks together, and the outlier
-cut-off is the 90th percentile of the finished tasks' scores, so a running task is still judged
-against the nominal population (scoring the running tasks only among themselves, as a plain
-fit/predict would, flags 10 % of them whatever they look like).
-
-XGBOD is left out: it is supervised (it needs outlier labels to train), and no straggler label
-exists online.
-
-PyOD is the optional extra ``outliers``; it is imported at ``fit`` so this module imports without it.
-Stored state (`get_state`) holds the scaler and the nominal population, not the PyOD detector (it
-wraps scikit-learn estimators that have no format but pickle): `set_state` refits the detector on
-that population, which gives the detector the fit made (every detector here is seeded or
-deterministic; tests/test_model_state.py checks each decides the same after a restore). LSCP also
-draws from its random generator at every ``decision_function``: the generator's state is stored too.
-
-Fallbacks (reactive rule ``elapsed >= threshold``, ``fallback_ = True``): fewer than
-``min_reference`` finished tasks, no varying feature among them, or a detector that cannot fit
-the data (e.g. CBLOF finds no large/small cluster split, MCD a singular covariance).
+Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Mitigation policies: from straggler verdicts to relaunch actions. Pure, event-driven, per job.
 
-The mitigation consumer and the offline completion-time simulation drive the same objects with the
-same three calls, so a policy cannot behave differently in the stream and in the evaluator:
+The mitigation consumer and the offline simulation drive the same objects with the same calls
+(``on_checkpoint``, ``on_task_finished``, ``on_task_gone``, ``on_job_ended``), so a policy cannot
+behave differently in the stream and in the evaluator. Here: ``unlimited`` (Algorithm 2), ``limited:M``
+(Algorithm 3) and ``mantri`` (Mantri's restart rule).
 
-- ``on_checkpoint(job_id, at, decisions)``: the verdicts of one checkpoint of one job, in order;
-- ``on_task_finished(job_id, task_id, at, latency, attempt)``: an attempt of a task finished;
-- ``on_task_gone(job_id, task_id, at, attempt)``: an attempt failed or was killed;
-- ``on_job_ended(job_id)``: forget the job.
-
-``unlimited``   the paper's Algorithm 2: relaunch every predicted straggler at once.
-``limited:M``   Algorithm 3: M spare machines per job; a relaunched copy holds one until it finishes,
-                predicted stragglers wait in flag order and are served at later checkpoints while
-                they are still running.
-``mantri``      Mantri (OSDI'10, §4.2): kill and restart a task when its estimated remaining time
-                exceeds the expected time of a new copy plus one checkpoint interval (the time
-                before the next chance to act), at most 3 restarts per task. The new copy's expected
-                time is the median latency of the job's finished tasks; the remaining time is the
-                predictor's adjusted latency minus the elapsed time.
+The calls and the policies in full: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """The cost-aware speculation rule: start a copy of a task when the job's expected completion-time
 saving is worth the expected extra machine time, first finisher wins, the loser is killed.
 
-At each checkpoint of a job the rule estimates, for every running task, the distribution of its
-remaining time from the job's survival curve (finished tasks are events, running tasks censored at
-their elapsed time; `straggler.core.survival`). The predictor's output enters as a lower bound: a
-flagged task's latency is taken to be at least the threshold it was flagged against. A fresh copy's
-latency follows the same curve. With tasks independent, the job's remaining completion time is the
-maximum of the running tasks' remaining times, so its expectation with and without copies comes out
-of the product of their CDFs.
+Remaining times come from the job's survival curve (`straggler.core.survival`; a flag is a lower
+bound); the rule copies the prefix of candidates (ordered by the time a copy saves the task) that
+maximises ``saving / J - machine_price * extra / W``, under a per-job ``budget`` and optional
+``machines``. `MantriDuplicate` applies Mantri's duplicate test to the same estimates.
 
-Candidates are ordered by the time a copy saves the task itself (E[(R - C)+]); the rule copies the
-prefix of that order that maximises
-
-    saving / J  -  machine_price * extra / W
-
-where ``saving`` is the expected cut in the job's completion time, ``J`` the job's expected
-completion time, ``extra`` the expected extra machine time (the copy's run until the race ends,
-less what the original no longer runs, plus the loser's wait for its kill) and ``W`` the job's
-expected total work. ``machine_price`` is the operator's exchange rate: the share of completion time
-one share of extra machine time must buy (with 8, a copy costing 0.1 % of the job's work must be
-expected to cut its completion time by at least 0.8 %). Copying a prefix, not single tasks,
-matters at the end of a job: when several slow tasks are left, copying any one of them alone saves
-nothing. A per-job ``budget`` caps the expected extra machine time (a share of the job's work), and
-with ``machines`` set only that many copies run at once (Algorithm 3's pool; the largest savings
-are served first).
-
-When an attempt of a raced task finishes, the rule issues ``kill`` for the other attempt at the next
-checkpoint. `MantriDuplicate` applies Mantri's duplicate test (copy when P(remaining > 2 copies) >
-delta) to the same estimates, for comparison: it asks whether a copy saves machine time, not whether
-the task's end matters to the job's.
+The rule's derivation: docs/module-notes.md.
 """
 
 from __future__ import annotations

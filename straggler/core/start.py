@@ -1,39 +1,11 @@
-"""START (Tuli et al., "START: Straggler Prediction and Mitigation for Cloud Computing Environments
-using Encoder LSTM Networks", IEEE TSC 2021) as a cross-job `StragglerMethod`.
+"""START (Tuli et al., IEEE TSC 2021) as a cross-job `StragglerMethod`.
 
-The paper's model, §3:
+An encoder and an LSTM, trained offline on complete jobs (`StartMethod.fit_population`), predict a
+job's Pareto ``(alpha, beta)`` from per-checkpoint summaries (`summarise_checkpoint`); once only the
+expected straggler count ``floor(E_S)`` of its tasks are unfinished, the running ones are flagged.
+Torch is needed only to train: inference is numpy (`numpy_step`), so workers need not import it.
 
-- a job's task latencies follow a Pareto distribution; its maximum-likelihood fit is ``beta = min``
-  latency and ``alpha = q / sum(log(x_i / beta))`` (Eq. 3);
-- a task is a straggler when its latency exceeds ``K = k * alpha * beta / (alpha - 1)`` (k times the
-  distribution's mean, ``k = 1.5``), so a job of ``q`` tasks has ``E_S = q * (K / beta) ** -alpha``
-  expected stragglers (Eq. 4). Note that ``K / beta = k * alpha / (alpha - 1)``: E_S depends on
-  ``alpha`` and ``q`` only, and is at most about 11 % of the job (at ``alpha`` ~ 1.8);
-- an encoder (fully connected 128-128-32, softplus) and a 2-layer LSTM of width 32 read the job's
-  task and machine feature matrices checkpoint after checkpoint and predict ``(alpha, beta)``;
-  it is trained offline on complete jobs (`StartMethod.fit_population`);
-- the paper predicts a *count*, not which tasks: once only ``floor(E_S)`` of the job's tasks are
-  unfinished, the remaining (running) ones are its predicted stragglers (Algorithm 1, line 12).
-
-Adaptations to this project, all documented in docs/results/start/SECTION.md:
-
-- the encoder cannot take the raw matrices of a job of any size, so each checkpoint is summarised
-  into a fixed-length vector (`summarise_checkpoint`) holding only what `CheckpointData` shows at
-  that checkpoint. Machine features are columns of our task features (machine load, slowness, ...);
-  there is no separate host matrix;
-- the output head is ``alpha = 1 + softplus(o_1)`` (the paper: ReLU + 1; softplus has no dead zone)
-  and ``log beta = mu + sigma * o_2`` (standardised by the training targets); the loss is the mean
-  squared error of ``log alpha`` and standardised ``log beta`` at every checkpoint, each job weighted
-  equally; Adam at 3e-3 (the paper's 1e-5 does not converge in minutes), early stopping on 15 % of
-  the training jobs;
-- jobs whose fitted ``alpha <= 1`` (no finite mean, K undefined) have ``E_S = 0`` (the limit as
-  ``alpha -> 1+``); training targets are clipped to ``[1, ALPHA_MAX]``.
-
-Torch is imported only in `StartMethod.fit_population`; the fitted method keeps its weights as numpy
-arrays and predicts with numpy (`numpy_step`, the network's forward pass), so its state is plain arrays and
-workers need not import torch. `StartMethod.init_population` sets a START up without torch (the
-scaling of training, weights drawn as PyTorch initialises them), so inference runs and is tested
-where the ``start`` extra is not installed.
+The paper's model and this project's adaptations: docs/module-notes.md, docs/results/start/SECTION.md.
 """
 
 from __future__ import annotations

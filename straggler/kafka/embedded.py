@@ -1,24 +1,11 @@
 """A single-node Apache Kafka broker (KRaft, combined broker+controller) run from the official jars.
 
 Why not a container: the project must run where no Docker engine exists, and its tests need a real
-broker, not a mock. The jars of Apache Kafka ``KAFKA_VERSION`` (Scala 2.13) are resolved once from
-Maven Central with ``mvn`` into ``<user cache>/straggler-stream/kafka-<version>/libs`` (``<user cache>``
-is ``$XDG_CACHE_HOME`` or ``~/.cache``); a marker file written after a successful resolve lets every
-later start run without network.
+broker. The jars are resolved once with ``mvn`` into the user cache; a broker is identified by its data
+directory, listens on 127.0.0.1 (PLAINTEXT, or SASL given a ``BrokerSecurity``) and outlives the
+process that started it until ``stop()``.
 
-A broker instance is identified by its *data directory* (default: ``default_data_dir()``, i.e.
-``<user cache>/straggler-stream/broker``). It holds:
-
-- ``server.properties`` and ``log4j.properties`` (rewritten at every start),
-- ``kraft-logs/`` (the KRaft metadata log and the topic partitions, formatted on first start),
-- ``broker.pid`` and ``broker.port`` (the JVM's pid and the PLAINTEXT port while it runs),
-- ``broker.log`` (the JVM's stdout+stderr and log4j output).
-
-The broker listens on 127.0.0.1 only, PLAINTEXT by default; given a ``BrokerSecurity`` its client
-listener is SASL_PLAINTEXT instead (PLAIN and SCRAM-SHA-256/512 users), for tests of secured clients.
-The JVM runs in its own session, so it outlives the process that
-started it (``straggler broker start`` returns once the broker answers); ``stop()`` and the
-``embedded_kafka`` context manager end it.
+The data directory and the rest: docs/module-notes.md.
 """
 
 from __future__ import annotations

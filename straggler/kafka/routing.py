@@ -1,17 +1,12 @@
 """Where a job's input record belongs, whatever partitioner its producer used (pure, no client library).
 
-The pipeline's topics are co-partitioned by murmur2 of the job id (`straggler.core.partitioner`): the
-worker's timer writes a live job's boundaries there, its tables keep the job's state there, and the
-mitigation consumer joins a job's predictions with its task events there. A foreign producer (kcat and
-other librdkafka clients default to CRC32, ``consistent_random``) may put a job's records elsewhere.
-`route` decides, per record, from its key, its job id and the partition it arrived on:
+The pipeline's topics are co-partitioned by murmur2 of the job id (`straggler.core.partitioner`); a
+foreign producer (librdkafka's default CRC32) may put a job's records elsewhere. `route` decides per
+record: `Process` (it is on its job's partition), `Forward` (copy it unchanged to ``partition``;
+consumers skip the original) or `Reject` (no key, or not the job id: dead-lettered with ``reason``,
+as the job's order is lost).
 
-- `Process`: the record is where murmur2 puts its job (all our own producers: no extra record);
-- `Forward`: the worker copies it, unchanged bytes and key, to ``partition`` of the same topic before
-  any state is touched, and consumers of the inputs skip the misplaced original;
-- `Reject`: it has no key, or a key other than its job id; Kafka then keeps no order among the job's
-  records (they are spread over partitions), and a re-keying could not restore it, so the worker
-  dead-letters it with ``reason`` rather than predict from misordered events.
+Details: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """Alibaba cluster-trace-v2018 batch workloads → `JobTrace`s (the NURD paper's second trace).
 
-Unit of prediction: one *task* of a batch job, ``(job_name, task_name)``, whose instances are the
-JobTrace's tasks. The instances of a task run the same program on parts of one input and start
-together (a DAG task starts when its parents are done), so they are the parallel units among which a
-straggler stands out — as in NURD. An instance's run is its last attempt (highest ``seq_no``); it is
-finished when that attempt is ``Terminated`` with ``end_time > start_time > 0``; Failed, Cancelled,
-Interrupted, Running or end 0 (outside the span) → not finished; start 0 or empty → excluded.
+Unit of prediction: one task of a batch job, whose instances are the JobTrace's tasks. No future
+information: ``batch_instance``'s cpu/mem summaries cover the whole run and are never read; features at
+t are the submission-time plans and the machine's ``machine_usage`` samples taken after the instance
+started and by t (and before its end).
 
-Honesty: ``batch_instance``'s ``cpu_avg``/``cpu_max``/``mem_avg``/``mem_max`` summarise the instance's
-*whole* run — future information while it runs — so they are never read. Features at time t:
-
-- ``plan_cpu``, ``plan_mem``, ``instance_num`` (``batch_task``): known at submission; each instance
-  gets them as one usage window that closed at its start;
-- the seven ``machine_usage`` columns of the instance's machine: each sample at ``time_stamp`` is a
-  window from the machine's previous sample (10 s before for its first) to ``time_stamp``; the feature is
-  the time-weighted mean of the samples taken after the instance started, ``start < time_stamp <= t``
-  (usage.py's "reported by t"), and strictly before its end — so a finish vector uses only samples
-  before the finish;
-- ``machine_instances``: at each such sample, how many *other* batch attempts of the loaded
-  ``batch_instance`` ran on the machine (``start <= time_stamp < end``), averaged the same way.
-
-Columns, in file order, from alibaba/clusterdata ``cluster-trace-v2018/schema.md`` ("the index below is
-aligned with the data column in each file"); ``trace_2018.md`` there: times are seconds from the trace
-start, 0 means outside the 8-day span, invalid normalised values are -1 or 101 (read here as NaN).
-Files are ``trace_dir/{batch_task,batch_instance,machine_usage}.csv`` or ``.csv.gz`` (no header).
+Run selection, features and columns: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """Google cluster-usage trace 2011 (``clusterdata-2011-2``): ``task_events`` parts as `JobTrace` objects.
 
-The trace is gzip CSV without a header, split in ``part-NNNNN-of-00500.csv.gz`` files of about
-5,000 s each (schema: ../shared/traces/README.md; Reiss, Wilkes, Hellerstein, "Google cluster-usage
-traces: format + schema", 2011). A trace directory holds ``task_events/`` with any subset of parts and
-optionally ``job_events/`` (used for job metadata only).
+Parts are streamed in order, keeping only per-task state and compact step logs. A task is scored by
+its last run (SCHEDULE → FINISH); runs cut by a gap between non-consecutive parts, or never seen
+scheduled, are not scored. Features come from one chronological sweep over all events of the window
+(`online_features`), so machine context includes every job.
 
-How the events become tasks, and why:
-
-- Parts are read in order of their number, streaming, one CSV row at a time; only per-task state and
-  compact step logs (`online_features`) are kept, never the raw rows.
-- The window runs from the first event of the first part to the last event of the last part. Parts
-  with consecutive numbers are contiguous in time. Between non-consecutive parts lies unknown time (a
-  *gap*): at a gap every running run is *cut* — it leaves its machine at the last event time before
-  the gap and, if it is its task's last run, ends there unscored. A terminal event after the gap for
-  a run scheduled before it is not matched to that run (what happened in between is unknown).
-- A task is ``(job_id, task_index)``. Its *last run* is its last SCHEDULE with timestamp > 0 and the
-  terminal event that follows: FINISH → finished, latency = FINISH - SCHEDULE (scored);
-  EVICT/FAIL/KILL/LOST → ended, not scored; none → still running at the window end (end NaN), not
-  scored; a gap → cut (end at the gap), not scored.
-- A run whose SCHEDULE was not observed (timestamp 0, i.e. before the trace began, or a run that ends
-  with a machine attached while no SCHEDULE was seen in the window) has no latency. A task whose last
-  run is such a run is *excluded* and only counted (`JobTrace.excluded_tasks`); its events still
-  shape other tasks' machine context.
-- Tasks never scheduled in the window never occupied a machine and belong to no `JobTrace`.
-- Only the last run is scored: a task that FINISHED and was then re-run is scored by its re-run. In
-  the shared 14-part window 311,896 tasks have some run scheduled after 0 that FINISHED (the traces
-  README's count, `TraceCounts.finished_tasks`; 488 jobs with >= 100), but 311,073 have a finished
-  *last* run (`TraceCounts.scored_tasks`; 484 jobs with >= 100, the jobs `load_google2011` returns).
-
-Features (`online_features.FEATURE_NAMES`) come from one chronological sweep over *all* events of
-the window, so machine context includes every job on a machine, not only the jobs returned.
+How events become tasks, and the counts: docs/module-notes.md.
 """
 
 from __future__ import annotations

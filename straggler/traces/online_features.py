@@ -1,33 +1,10 @@
 """Online task features derived from a cluster's event stream, each one from the past only.
 
-A trace loader feeds `OnlineFeatureLog` with semantic events in trace-time order (a run started on
-a machine, a run ended, a task was evicted, a machine saw a failure, a request changed). The log
-keeps the running state a live observer would keep (running sets, recent failures, finish ratios,
-per-job running medians) and records every change as a step: ``(key, time, value after)``. After
-the sweep, `OnlineFeatures.at` answers any batch of questions "what did task i look like at time
-t" by finding, per step log, the last change *strictly before* t — so an event at exactly t is never
-visible at t, and nothing recorded after t can leak into a feature at t.
+A trace loader feeds `OnlineFeatureLog` with events in trace-time order; it records every state change
+as a step ``(key, time, value after)``, and `OnlineFeatures.at` reads, per step log, the last change
+strictly before t: an event at exactly t is never visible at t.
 
-Feature definitions (t is the time the feature describes, in trace microseconds):
-
-- ``cpu_request``, ``memory_request``, ``disk_request``, ``priority``, ``scheduling_class``,
-  ``different_machine``: the task's values on its latest event before t that carried them
-  (NaN if none did). Constant within most jobs, but other traces differ, so they stay.
-- ``schedule_delay``: seconds from the task's first SUBMIT to the SCHEDULE that began the run being
-  described (known once the run is scheduled; 0 when no SUBMIT was seen at or before that SCHEDULE).
-- ``own_evictions``, ``own_failures``: the task's EVICT / FAIL events before t, over all its runs.
-- ``machine_running_tasks``: tasks of any job running on the task's machine just before t,
-  including the task itself (unless its SCHEDULE is at exactly t), and including runs that began
-  before the trace (scheduled at timestamp 0).
-- ``machine_same_job_tasks``: of those, the tasks of the same job.
-- ``machine_failures_1h``: EVICT, FAIL, KILL and LOST events on the machine in [t - 3600 s, t)
-  (a KILL of a task that was still pending has no machine and counts nowhere).
-- ``machine_slowness``: median, over the last `SLOWNESS_HISTORY` runs that FINISHED on the machine
-  before t, of latency / (their job's median latency over the job's runs finished up to and
-  including that one). A finish enters only when its job then had at least `MIN_PEER_FINISHES`
-  finished runs, so single-task jobs do not flood the history with a trivial 1.0. Only runs whose
-  SCHEDULE was observed have a latency. 1.0 with no history.
-- ``machine_history``: how many ratios that median is over (0 to `SLOWNESS_HISTORY`).
+Feature definitions: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,45 +1,12 @@
 """Seeded synthetic jobs whose stragglers have the causes Mantri measured, seen through noisy telemetry.
 
-Why synthetic: the public Google task_usage table is ~41 GB, and a generator lets tests and benchmarks
-know *why* each task straggled. The model follows Mantri (OSDI '10, §3–4) and the Google usage table:
+Why: the Google task_usage table (~41 GB) is not available here, and a generator lets tests and
+benchmarks know why each task straggled. Latency is work / speed integrated over time; each cause
+(input skew, slow, busy and degrading machines, remote input, failures, chance) is visible to the
+features to a different degree, and the features are the usage windows reported by t
+(`straggler.traces.usage`), never elapsed time or progress.
 
-Job shape. A job has n tasks (log-uniform in [min_tasks, max_tasks]) and fewer slots than tasks: tasks
-run in 1–4 waves, each slot starting its next task when the previous one ends; the first wave is
-launched over a short stagger. The job's typical task lasts 2–15 minutes (log-uniform).
-
-Latency = work / speed, integrated over time. A task's work is ``median × size × jitter × tail``; it
-progresses at ``1 / (machine_speed × contention(load(t)))``, so the same work takes longer on a slow
-or busy machine. Causes, and how visible each one is:
-
-- **Input skew** (Mantri: data size explains a large share of outliers; CV of sizes up to ~3): a
-  per-task data size, log-normal with a per-job spread, plus rare hot partitions (Pareto). *Partly
-  visible from the first window*: memory footprint grows like size^0.4, blurred by per-task noise.
-- **Slow machines** (persistently slow hardware; platform mix): a few percent of the cluster run
-  1.5–3× slower for every job. *Visible early*: CPI is high from the first window, read rate low.
-- **Contention / busy machines** (Mantri: outliers cluster in time; hotspots): each machine's load
-  is a base level + an AR(1) wander + busy episodes + the job's own co-located tasks; slowdown grows
-  with load². *Visible while it happens*: CPI, disk I/O time, max CPU and the machine load rise
-  while the machine is busy; a busy episode that starts later is invisible until it starts.
-- **Degrading machines** (machines change over time: throttling, a failing disk): a healthy machine
-  may start to run 1.5–3× slower during a job. *Visible only from the onset*: its CPI rises then.
-- **Remote input** (a share of a job's tasks read from a slow store): 1.3–2.5× more time. *Never
-  visible*: no metric of the task or its machine shows it.
-- **Failures and evictions** (Mantri's recomputes, clustered on flaky machines; Borg preemption of
-  tasks on loaded machines): a task restarts in place and loses its progress. *Visible after the
-  fact*: the ``failures`` / ``evictions`` counts step up at the event.
-- **Pure chance**: log-normal jitter and a Pareto tail on a few percent of tasks (GC storms, lock
-  convoys, network flows the table does not record). *Never visible*: no perfect predictor exists.
-
-Telemetry. Every task reports usage windows on a global grid of ``usage_window_seconds`` (cut at its
-start and end), each with per-window noise; 5 % of windows are never reported. Features at time t are
-the time-weighted means of the reported windows that ended by t, plus event counts before t, computed
-by `straggler.traces.usage`, the same code that serves the Google usage table. No feature is elapsed
-time or progress: every usage value is a stationary rate or level. Simplification: a restarted task
-keeps its run (same slot and start), so its latency includes the lost work, and windows during the
-short restart gap report as if running.
-
-How hard it is, against the real trace: docs/results.md §10 (`docs/results/feature_rank.py`, the
-within-job rank correlation of each feature's first reading with latency).
+The model, its causes and their visibility: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Google 2011 ``task_usage`` windows → honest running features (the NURD paper's 15 Google features).
 
-A usage table reports, per task, measurement windows ``[start, end)`` (normally 5 minutes) with the
-task's mean and peak resource use over each. What a monitor can know about a running task at time t
-is what has been *reported* by then: the windows that ended at or before t. A window still open at t
-is not reported yet, so it is never used — not even its elapsed part. Each usage feature at t is the
-time-weighted mean (weights = window durations) of the reported windows of the task's last run;
-``evictions`` and ``failures`` count the task's EVICT / FAIL events strictly before t. A task with no
-reported window yet has NaN usage features (the core imputes them with observed means); its counts
-are still known (usually 0).
+A usage feature at t is the time-weighted mean of the windows of the task's last run *reported* by t
+(ended at or before t; an open window is never used); ``evictions`` and ``failures`` count events
+strictly before t. The synthetic traces use the same machinery, so both obey one honesty rule.
 
-The same machinery (`UsageWindows`, `features_at`, `assemble_job_trace`) builds the synthetic traces,
-so both sources obey one honesty rule, implemented once.
-
-Layout expected by `load_google2011_usage`, as in the published trace::
-
-    trace_dir/task_events/part-00000-of-00500.csv.gz ...
-    trace_dir/task_usage/part-00000-of-00500.csv.gz ...
-
-Both are gzip CSV without a header; timestamps are microseconds, 0 means "before the trace began".
+Details and the expected layout: docs/module-notes.md.
 """
 
 from __future__ import annotations

@@ -1,43 +1,11 @@
 """Write simulated jobs as a Google 2011 trace with usage (``task_events`` + ``task_usage``).
 
-Why: `load_google2011_usage` is the path the real usage table takes (~41 GB, not available here).
-Writing synthetic jobs in exactly that format runs the whole path — CSV parsing, last-run selection,
-usage windows → features — on data whose causes are known, and gives held-out traces of any size.
+Why: writing synthetic jobs in exactly the format of the real usage table (~41 GB, not available here)
+runs the whole `load_google2011_usage` path on data whose causes are known. Times are offset by 600 s
+(`TIME_OFFSET_US`) so that none reads as "before the trace"; an interrupted task is written as the
+Google trace would show it (its last run), an uninterrupted one exactly.
 
-What is written, under ``out_dir`` (one part per table, gzip CSV without a header, as published)::
-
-    task_events/part-00000-of-00001.csv.gz
-    task_usage/part-00000-of-00001.csv.gz
-
-Ids and times. Job j of the input (0-based) gets the Google-style integer id ``6_000_000_000 + j``;
-a task's index is its position in the job; a machine id is the simulation's machine number.
-Timestamps are integer microseconds, simulation time plus 600 s (`TIME_OFFSET_US`): in the real
-trace 0 means "before the trace began" and the first events come at 600 s, so every written time is
-> 0 and a SCHEDULE is never mistaken for one that predates the trace.
-
-``task_events`` (columns of ../shared/traces/README.md; sorted by time, ties in the order below):
-every task is SUBMITted when its job's first task starts, SCHEDULEd at its start on its machine,
-FINISHes at its end. At each eviction / failure the task gets an EVICT / FAIL, then SUBMIT and
-SCHEDULE again at the same instant on the same machine (the simulation restarts tasks in place).
-The other columns (missing_info, user, scheduling class, priority, requests, constraint) are empty:
-the simulation has no such values.
-
-The Google format cannot hold the simulation's notion of a restart. Both loaders take a task's
-latency from its *last run* (last SCHEDULE → FINISH) and usage only from that run's windows, while
-the simulation keeps a restarted task's first start (its latency includes the lost work). Keeping
-the first start would need the EVICT/FAIL rows before the SCHEDULE they follow in time, i.e. a
-``task_events`` file out of time order, which the published trace never is; so for an interrupted
-task the written trace says what the Google trace would: start = its last interruption, latency =
-end - last interruption, features from the windows that end after it. Uninterrupted tasks (about
-98.5 % with the default configuration) keep the simulation's start, end and features exactly, up to
-microsecond rounding; EVICT/FAIL counts are the simulation's in every case.
-
-``task_usage``: one row per usage window of every task (start, end, job, task, machine, then the
-usage columns of `straggler.traces.usage.TASK_USAGE_COLUMNS`). The synthetic usage features map to
-the closest Google column (`USAGE_COLUMN_OF`); the Google columns with no synthetic counterpart are
-left empty (the loader reads them as missing, NaN). ``input_bytes_read_rate`` and ``machine_load``
-have no column in the Google table and are not written (`DROPPED_FEATURES`). Rows are grouped by job
-in input order and by window start within a job (the loader does not need them sorted across jobs).
+Ids, columns and the restart caveat: docs/module-notes.md.
 """
 
 from __future__ import annotations
