@@ -26,16 +26,18 @@ A checkpoint changes all three tables, and the changelogs are separate topics: a
 leave any subset of its last writes behind. The job row is therefore the commit record of a
 checkpoint, written in this order by the agent:
 
-1. `evaluate` writes the checkpoint's flags (one task row) and new model (under a new version key), not
-   the job row;
+1. `evaluate` writes the checkpoint's new model (under a new version key), not the job row;
 2. the agent publishes the predictions and waits until all of it is acknowledged;
-3. `record_evaluation` writes the job row, and the agent waits for that too before it writes anything
-   else of the job (later task rows must never outlive a lost job row);
-4. `retire_models` deletes the model the row no longer names.
+3. `record_evaluation` writes the job row, which carries the flags this checkpoint raised (they reach
+   a task row with the job's next write, so a checkpoint costs no task row of its own);
+4. before it writes anything else of the job, the agent waits until the job row is acknowledged
+   (later task rows must never outlive a lost job row): `awaiting_acknowledgement` says when. Any
+   flush does it, so a job evaluated before others in the same round costs no flush of its own;
+   `acknowledged` then deletes the models the durable rows no longer name.
 
-A rebuild trusts the job row alone: it loads the model version the row names and drops flags raised
-after the row's last evaluated checkpoint, so a checkpoint whose job row was lost is evaluated again
-from exactly the state it first saw.
+A rebuild trusts the job row alone: it loads the model version the row names, takes the row's flags
+and drops flags raised after the row's last evaluated checkpoint, so a checkpoint whose job row was
+lost is evaluated again from exactly the state it first saw.
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ class JobMeta:
     last_evaluated: float | None = None
     ended_at: float | None = None
     ticks: int = 0
+    checkpoint_flags: dict[str, float] = field(default_factory=dict)
+    """The flags raised at ``last_evaluated`` (task id -> flag time), until a task row carries them."""
 
     def encode(self) -> bytes:
         return orjson.dumps(self.__dict__)
@@ -145,6 +149,8 @@ class JobStore:
     models: MutableMapping[bytes, bytes]
     make_job: JobFactory
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
+    _unacknowledged: set[str] = field(default_factory=set)
+    """Jobs whose job row was written and is not known to be on the broker yet."""
 
     def forget_cache(self) -> None:
         """Partitions moved: what is cached may no longer be ours, or may be stale.
@@ -198,6 +204,7 @@ class JobStore:
                 job.state.flagged.pop(task_id, None)
                 if flagged_at is not None and evaluated is not None and flagged_at <= evaluated:
                     job.state.flagged[task_id] = flagged_at  # later flags: an uncommitted checkpoint
+        job.state.flagged.update(meta.checkpoint_flags)
         job.state.forget_views()
         job.model_version = meta.model_version
         job.fitted_on = meta.fitted_on
@@ -205,7 +212,8 @@ class JobStore:
         if meta.model_version > 0:
             self._restore_model(job, meta.model_version)
         next_sequence = int(rows[-1][0].rsplit(SEPARATOR.encode(), 1)[1]) + 1 if rows else 0
-        self._cache[job_id] = _CachedJob(meta, job, next_sequence)
+        # the job row's flags reach a task row with the job's next write, before a later job row replaces them
+        self._cache[job_id] = _CachedJob(meta, job, next_sequence, changed=set(meta.checkpoint_flags))
         return job
 
     def _restore_model(self, job: OnlineJob, version: int) -> None:
@@ -253,21 +261,22 @@ class JobStore:
         return cached
 
     def evaluate(self, job_id: str, at: float) -> list[Decision]:
-        """Run the job's checkpoint at ``at``; write its flags and any new model, not the job row.
+        """Run the job's checkpoint at ``at``; write any new model, not the job row.
 
         The caller publishes the decisions, makes every write durable, then calls
-        `record_evaluation` (see the module docstring for why in that order).
+        `record_evaluation` (see the module docstring for why in that order). The flags go with the
+        job row, and with the job's next task row.
         """
         job = self.job(job_id)
         meta = self.meta(job_id)
         if job is None or meta is None:
             return []
+        self.write_changes(job_id)  # flags of the previous checkpoint that no task row carries yet
         version_before = job.model_version
         decisions = job.checkpoint(at)
         for d in decisions:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
-        self.write_changes(job_id)
         if job.model_version != version_before:
             self.models[model_key(job_id, job.model_version)] = encode_model(job.method)
         return decisions
@@ -282,7 +291,26 @@ class JobStore:
         meta.fitted_on = job.fitted_on
         meta.calibrated = job.calibrated
         meta.last_evaluated = at
+        meta.checkpoint_flags = {task_id: t for task_id, t in job.state.flagged.items() if t == at}
         self.save_meta(job.job_id, meta)
+        self._unacknowledged.add(job.job_id)
+
+    def awaiting_acknowledgement(self, job_id: str) -> bool:
+        """Whether the job's last job row may not be on the broker yet: wait before writing the job."""
+        return job_id in self._unacknowledged
+
+    def unacknowledged(self) -> frozenset[str]:
+        """The jobs whose job rows a flush started now would acknowledge."""
+        return frozenset(self._unacknowledged)
+
+    def acknowledged(self, job_ids: Iterable[str]) -> None:
+        """The job rows of ``job_ids`` (taken before a flush) are on the broker: retire the models
+        they no longer name."""
+        for job_id in job_ids:
+            self._unacknowledged.discard(job_id)
+            meta = self.meta(job_id)
+            if meta is not None:
+                self.retire_models(job_id, keep=meta.model_version)
 
     def retire_models(self, job_id: str, keep: int) -> None:
         """Delete the job's models other than version ``keep``; only once the row naming it is durable."""
@@ -304,6 +332,7 @@ class JobStore:
         if job_id.encode() in self.jobs:
             del self.jobs[job_id.encode()]
         self._cache.pop(job_id, None)
+        self._unacknowledged.discard(job_id)
         return len(keys)
 
 
