@@ -301,7 +301,19 @@ def create_app(settings: WorkerSettings) -> faust.App:
             store.save_meta(event.job_id, meta)
         await evaluate(event.job_id, event.checkpoint_time, event.produced_at)
 
+    async def settled(job_id: str) -> None:
+        """Before any write of a job: its last job row must be on the broker (`pipeline.jobstore`)."""
+        if store.awaiting_acknowledgement(job_id):
+            await flush()
+
+    async def flush() -> None:
+        """Wait for every write so far; the job rows among them are then durable."""
+        rows = store.unacknowledged()
+        await acknowledged(app.producer)
+        store.acknowledged(rows)
+
     async def apply(decoded: TaskInput) -> None:
+        await settled(decoded.job_id if isinstance(decoded, CheckpointBoundary) else decoded[0].job_id)
         if isinstance(decoded, CheckpointBoundary):
             await apply_boundary(decoded)
             return
@@ -352,13 +364,12 @@ def create_app(settings: WorkerSettings) -> faust.App:
         verdicts = [prediction_event(d, settings.method, now) for d in decisions]
         for part in prediction_batches(verdicts, marker):
             await predictions.send(key=key, value=part)
-        await acknowledged(app.producer)  # flags, model and predictions are on the broker
+        await flush()  # the model and predictions are on the broker
         metrics.evaluated(decisions, refit, boundary_produced_at, time.time())
-        store.record_evaluation(at, job, meta)
-        await acknowledged(app.producer)  # so is the job row, before any later write of the job
-        store.retire_models(job_id, keep=job.model_version)
+        store.record_evaluation(at, job, meta)  # acknowledged by the next flush, before the job's next write
         stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
+            await settled(job_id)
             drop(job_id)
 
     @app.agent(inputs)
@@ -416,6 +427,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
             else:
                 await apply(work)
         elif isinstance(decoded, JobEvent):
+            await settled(decoded.job_id)
             await handle_job_event(decoded)
             if store.meta(decoded.job_id) is not None:
                 for _, _, waiting in pending.pop(decoded.job_id, []):

@@ -5,13 +5,15 @@ record) and ``models`` (each refit's method as data, `pipeline.model_codec`, nev
 written on the job's own changelog partition; in-memory `OnlineJob`s are a cache rebuilt from them.
 A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
 
-1. `evaluate`: the checkpoint's flags (a task row) and new model (a new version key), not the job row;
+1. `evaluate`: the checkpoint's new model (a new version key), not the job row;
 2. the predictions are published and acknowledged;
-3. `record_evaluation`: the job row, acknowledged before anything else of the job is written;
-4. `retire_models`: the model the row no longer names is deleted.
+3. `record_evaluation`: the job row, carrying the checkpoint's flags (they reach a task row with the
+   job's next write, so a checkpoint costs no task row of its own);
+4. before anything else of the job is written, the job row is acknowledged (any flush does it:
+   `awaiting_acknowledgement`, `acknowledged`), and the models it no longer names are deleted.
 
-A rebuild trusts the job row alone: the model version it names, no flag after its last evaluated
-checkpoint. Details: docs/module-notes.md.
+A rebuild trusts the job row alone: the model version it names, its flags, no flag after its last
+evaluated checkpoint. Details: docs/module-notes.md.
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ class JobMeta:
     last_evaluated: float | None = None
     ended_at: float | None = None
     ticks: int = 0
+    checkpoint_flags: dict[str, float] = field(default_factory=dict)
+    """The flags raised at ``last_evaluated`` (task id -> flag time), until a task row carries them."""
 
     def encode(self) -> bytes:
         return orjson.dumps(self.__dict__)
@@ -121,6 +125,8 @@ class JobStore:
     models: MutableMapping[bytes, bytes]
     make_job: JobFactory
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
+    _unacknowledged: set[str] = field(default_factory=set)
+    """Jobs whose job row was written and is not known to be on the broker yet."""
 
     def forget_cache(self) -> None:
         """Partitions moved: what is cached may no longer be ours, or may be stale.
@@ -174,6 +180,7 @@ class JobStore:
                 job.state.flagged.pop(task_id, None)
                 if flagged_at is not None and evaluated is not None and flagged_at <= evaluated:
                     job.state.flagged[task_id] = flagged_at  # later flags: an uncommitted checkpoint
+        job.state.flagged.update(meta.checkpoint_flags)
         job.state.forget_views()
         job.model_version = meta.model_version
         job.fitted_on = meta.fitted_on
@@ -181,7 +188,8 @@ class JobStore:
         if meta.model_version > 0:
             self._restore_model(job, meta.model_version)
         next_sequence = int(rows[-1][0].rsplit(SEPARATOR.encode(), 1)[1]) + 1 if rows else 0
-        self._cache[job_id] = _CachedJob(meta, job, next_sequence)
+        # the job row's flags reach a task row with the job's next write, before a later job row replaces them
+        self._cache[job_id] = _CachedJob(meta, job, next_sequence, changed=set(meta.checkpoint_flags))
         return job
 
     def _restore_model(self, job: OnlineJob, version: int) -> None:
@@ -229,21 +237,22 @@ class JobStore:
         return cached
 
     def evaluate(self, job_id: str, at: float) -> list[Decision]:
-        """Run the job's checkpoint at ``at``; write its flags and any new model, not the job row.
+        """Run the job's checkpoint at ``at``; write any new model, not the job row.
 
         The caller publishes the decisions, makes every write durable, then calls
-        `record_evaluation` (see the module docstring for why in that order).
+        `record_evaluation` (see the module docstring for why in that order). The flags go with the
+        job row, and with the job's next task row.
         """
         job = self.job(job_id)
         meta = self.meta(job_id)
         if job is None or meta is None:
             return []
+        self.write_changes(job_id)  # flags of the previous checkpoint that no task row carries yet
         version_before = job.model_version
         decisions = job.checkpoint(at)
         for d in decisions:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
-        self.write_changes(job_id)
         if job.model_version != version_before:
             self.models[model_key(job_id, job.model_version)] = encode_model(job.method)
         return decisions
@@ -258,7 +267,26 @@ class JobStore:
         meta.fitted_on = job.fitted_on
         meta.calibrated = job.calibrated
         meta.last_evaluated = at
+        meta.checkpoint_flags = {task_id: t for task_id, t in job.state.flagged.items() if t == at}
         self.save_meta(job.job_id, meta)
+        self._unacknowledged.add(job.job_id)
+
+    def awaiting_acknowledgement(self, job_id: str) -> bool:
+        """Whether the job's last job row may not be on the broker yet: wait before writing the job."""
+        return job_id in self._unacknowledged
+
+    def unacknowledged(self) -> frozenset[str]:
+        """The jobs whose job rows a flush started now would acknowledge."""
+        return frozenset(self._unacknowledged)
+
+    def acknowledged(self, job_ids: Iterable[str]) -> None:
+        """The job rows of ``job_ids`` (taken before a flush) are on the broker: retire the models
+        they no longer name."""
+        for job_id in job_ids:
+            self._unacknowledged.discard(job_id)
+            meta = self.meta(job_id)
+            if meta is not None:
+                self.retire_models(job_id, keep=meta.model_version)
 
     def retire_models(self, job_id: str, keep: int) -> None:
         """Delete the job's models other than version ``keep``; only once the row naming it is durable."""
@@ -280,6 +308,7 @@ class JobStore:
         if job_id.encode() in self.jobs:
             del self.jobs[job_id.encode()]
         self._cache.pop(job_id, None)
+        self._unacknowledged.discard(job_id)
         return len(keys)
 
 

@@ -220,3 +220,65 @@ def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
 
     app = create_app(WorkerSettings(bootstrap="127.0.0.1:9"))  # nothing is contacted
     assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
+
+
+def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, JobStore, float, set[str]]:
+    """Run the job until a checkpoint flags some tasks; return the tables before that checkpoint's
+    evaluation, the store, its time and its flags (evaluated, not yet committed)."""
+    tables: Tables = ({}, {}, {})
+    for t, store in checkpoints(trace, tables):
+        before = copy_of(tables)
+        flagged = {d.task_id for d in store.evaluate(trace.job_id, t) if d.is_straggler}
+        if flagged:
+            return before, store, t, flagged
+        commit(store, trace.job_id, t)
+    raise AssertionError("the synthetic job never flagged a task")
+
+
+def test_a_checkpoint_writes_no_task_row_its_flags_ride_in_the_job_row(trace: JobTrace) -> None:
+    before, store, t, flagged = first_checkpoint_with_flags(trace)
+    tables = store.tasks, store.jobs, store.models
+    assert len(tables[0]) == len(before[0]), "the evaluation wrote a task row"
+    commit(store, trace.job_id, t)
+    meta = store.meta(trace.job_id)
+    assert meta is not None and set(meta.checkpoint_flags) == flagged
+    assert set(meta.checkpoint_flags.values()) == {t}
+
+
+def test_flags_only_in_the_job_row_survive_a_rebuild_and_later_checkpoints(trace: JobTrace) -> None:
+    """A worker rebuilt right after the commit gets the flags from the job row alone; they must reach
+    a task row before the next job row (which names only its own flags) replaces them."""
+    _, store, t, flagged = first_checkpoint_with_flags(trace)
+    commit(store, trace.job_id, t)
+    tables = (store.tasks, store.jobs, store.models)
+    rebuilt = store_over(tables)
+    job = rebuilt.job(trace.job_id)
+    assert job is not None and flagged <= set(job.state.flagged)
+    later = t + 3600.0  # a checkpoint with no new observation: only the evaluation writes
+    rebuilt.evaluate(trace.job_id, later)
+    commit(rebuilt, trace.job_id, later)
+    again = store_over(copy_of(tables)).job(trace.job_id)
+    assert again is not None
+    assert flagged <= set(again.state.flagged), "the first checkpoint's flags were lost"
+
+
+def test_models_are_retired_only_once_the_job_row_naming_the_new_one_is_acknowledged(trace: JobTrace) -> None:
+    tables: Tables = ({}, {}, {})
+    for t, store in checkpoints(trace, tables):
+        job = store.job(trace.job_id)
+        meta = store.meta(trace.job_id)
+        assert job is not None and meta is not None
+        version = job.model_version
+        store.evaluate(trace.job_id, t)
+        if job.model_version == version or version == 0:
+            commit(store, trace.job_id, t)
+            continue
+        store.record_evaluation(t, job, meta)
+        assert store.awaiting_acknowledgement(trace.job_id)
+        assert len(tables[2]) == 2, "the model the durable row names is gone before its successor is"
+        sent = store.unacknowledged()
+        store.acknowledged(sent)
+        assert not store.awaiting_acknowledgement(trace.job_id)
+        assert list(tables[2]) == [model_key(trace.job_id, job.model_version)]
+        return
+    raise AssertionError("the synthetic job never refitted")
