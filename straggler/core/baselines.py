@@ -31,7 +31,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.svm import LinearSVC
 from sklearn.tree import DecisionTreeClassifier
 
-from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.arrays import BoolArray, FloatArray
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, fill_missing, nan_column_means
 from straggler.core.state import (
     BOOSTER,

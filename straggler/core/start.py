@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.arrays import FloatArray
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 
 if TYPE_CHECKING:
     from straggler.traces.jobtrace import JobTrace
