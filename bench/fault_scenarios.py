@@ -12,7 +12,6 @@ import contextlib
 import functools
 import itertools
 import math
-import os
 import re
 import signal
 import socket
@@ -57,8 +56,9 @@ from straggler.core.policy_spec import DEFAULT_POLICY, make_policy
 from straggler.evaluation import EvaluationConfig, online_job, replay_decisions
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.topics import create_topics
-from straggler.replay import read_topic
+from straggler.replay import read_topic, start_cli, stop_child
 from straggler.simulation import JobSimulation, run_closed_loop
 from straggler.traces.jobtrace import JobTrace
 
@@ -279,13 +279,8 @@ class Publisher:
             return on_delivery
 
         for i, (topic, key, value) in enumerate(records):
-            for _ in range(10_000):
-                try:
-                    encoded = None if key is None else key.encode()
-                    self.producer.produce(topic, value, encoded, on_delivery=report(i))
-                    break
-                except BufferError:
-                    self.producer.poll(0.1)
+            encoded = None if key is None else key.encode()
+            produce_with_backpressure(self.producer, topic, value, encoded, report(i))
             if i % 1000 == 0:
                 self.producer.poll(0)
         remaining = self.producer.flush(120)
@@ -316,14 +311,7 @@ class Processes:
         self._starts[name] += 1
         log_path = self.workdir / f"{name}.{self._starts[name]}.log"
         self._logs.append(log_path)
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "straggler.cli", *args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
-            )
+        process = start_cli(args, log_path, cwd=REPO, env={"PYTHONFAULTHANDLER": "1"})
         self.running[name] = process
         return process
 
@@ -379,13 +367,10 @@ class Processes:
         if process.poll() is not None:
             self.crashed.append(f"{name} exited with {process.returncode}")
             raise ScenarioFailed(f"{name} had exited ({process.returncode}) before {sig.name}")
-        process.send_signal(sig)
-        try:
-            return process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(STOP_TIMEOUT_S)
-            raise ScenarioFailed(f"{name} did not exit within {STOP_TIMEOUT_S:g} s of {sig.name}") from None
+        code = stop_child(process, STOP_TIMEOUT_S, sig)
+        if code is None:
+            raise ScenarioFailed(f"{name} did not exit within {STOP_TIMEOUT_S:g} s of {sig.name}")
+        return code
 
     def check_alive(self) -> None:
         for name, process in list(self.running.items()):
@@ -548,10 +533,33 @@ def verify(
     return letters
 
 
+@dataclass
+class Run:
+    """One scenario's fresh topics and traces, their offline expectation, its children and readers."""
+
+    bootstrap: str
+    result: ScenarioResult
+    topics: TopicNames
+    traces: list[JobTrace]
+    expected: Expectation
+    procs: Processes
+    watch: Watch
+
+    def stream(self, batch: bool = True) -> list[Outgoing]:
+        """The replay's records (`stream_events`), counted as the scenario's input."""
+        records = stream_events(self.traces, self.topics, batch)
+        self.result.events_in = len(records)
+        return records
+
+    def verify(self) -> ScenarioResult:
+        """`verify` the scenario's outputs against its expectation, over all its jobs; the result."""
+        jobs = {t.job_id for t in self.traces}
+        verify(self.result, self.bootstrap, self.topics, self.expected, self.watch, self.procs, jobs)
+        return self.result
+
+
 @contextlib.contextmanager
-def pipeline_run(
-    name: str, bootstrap: str, workdir: Path, sizes: Sizes
-) -> Iterator[tuple[ScenarioResult, TopicNames, list[JobTrace], Expectation, Processes, Watch]]:
+def pipeline_run(name: str, bootstrap: str, workdir: Path, sizes: Sizes) -> Iterator[Run]:
     """Fresh topics and traces for one scenario; stops its processes and readers at the end."""
     token = uuid.uuid4().hex[:6]
     topics = TopicNames(f"fault-{name}-{token}-")
@@ -562,9 +570,8 @@ def pipeline_run(
     scenario_dir.mkdir(parents=True, exist_ok=True)
     processes = Processes(bootstrap, topics, scenario_dir)
     watch = Watch(bootstrap, topics)
-    result = ScenarioResult(name)
     try:
-        yield result, topics, traces, expectation, processes, watch
+        yield Run(bootstrap, ScenarioResult(name), topics, traces, expectation, processes, watch)
     finally:
         processes.close()
         watch.close()
@@ -643,37 +650,30 @@ def worker_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResul
     """SIGKILL the Faust worker while it works through a replay; restart it on the same data dir."""
     from pipeline.app import WorkerSettings, app_id
 
-    with pipeline_run("worker-kill", bootstrap, workdir, sizes) as (
-        result,
-        topics,
-        traces,
-        exp,
-        procs,
-        watch,
-    ):
-        records = stream_events(traces, topics)
-        result.events_in = len(records)
+    with pipeline_run("worker-kill", bootstrap, workdir, sizes) as run:
+        records = run.stream()
         head, tail = _head_and_tail(records, 0.6)
         head_markers = _marked_in(head)
-        procs.start_mitigator()
-        procs.start_worker()
+        run.procs.start_mitigator()
+        run.procs.start_worker()
         publisher = Publisher(bootstrap)
         publisher.publish(head)
         goal = max(1, len(head_markers) // 2)
-        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs, f"{goal} markers")
-        evaluated = len(watch.markers)
-        procs.kill("worker")
-        result.faults += 1
-        group = app_id(WorkerSettings(bootstrap=bootstrap, topics=topics))
-        result.notes.append(
-            f"killed after {evaluated}/{len(exp.markers)} checkpoints evaluated; the restart resumes at "
-            f"committed input {_committed_inputs(bootstrap, group, topics)}/{len(records)}"
+        run.watch.wait(
+            lambda: len(run.watch.markers) >= goal, PROGRESS_TIMEOUT_S, run.procs, f"{goal} markers"
+        )
+        evaluated = len(run.watch.markers)
+        run.procs.kill("worker")
+        run.result.faults += 1
+        group = app_id(WorkerSettings(bootstrap=bootstrap, topics=run.topics))
+        run.result.notes.append(
+            f"killed after {evaluated}/{len(run.expected.markers)} checkpoints evaluated; the restart "
+            f"resumes at committed input {_committed_inputs(bootstrap, group, run.topics)}/{len(records)}"
         )
         publisher.publish(tail)
-        procs.start_worker()
-        result.recovery_seconds = _every_job_progresses(watch, procs, traces)
-        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
-        return result
+        run.procs.start_worker()
+        run.result.recovery_seconds = _every_job_progresses(run.watch, run.procs, run.traces)
+        return run.verify()
 
 
 KILL_DELAYS_S = (0.0, 0.15, 0.3, 0.45)
@@ -686,63 +686,49 @@ def worker_sigkill_repeated(bootstrap: str, workdir: Path, sizes: Sizes) -> Scen
     Every restart starts with a backlog, so its recovery races the fetcher (`pipeline.flow`, fix 10
     in docs/reliability.md); the last restart works the stream off to the end.
     """
-    with pipeline_run("worker-kill-repeated", bootstrap, workdir, sizes) as (
-        result,
-        topics,
-        traces,
-        exp,
-        procs,
-        watch,
-    ):
-        records = stream_events(traces, topics)
-        result.events_in = len(records)
+    with pipeline_run("worker-kill-repeated", bootstrap, workdir, sizes) as run:
+        records = run.stream()
         kills = len(KILL_DELAYS_S)
         parts = _split_at_boundaries(records, [(k + 1) / (kills + 1) for k in range(kills)])
-        procs.start_mitigator()
-        procs.start_worker()
+        run.procs.start_mitigator()
+        run.procs.start_worker()
         publisher = Publisher(bootstrap)
         for part, delay in zip(parts[:-1], KILL_DELAYS_S, strict=True):
-            before = len(watch.markers)
+            before = len(run.watch.markers)
             publisher.publish(part)
-            more = functools.partial(lambda n: len(watch.markers) > n, before)
-            watch.wait(more, PROGRESS_TIMEOUT_S, procs, "a new marker")
+            more = functools.partial(lambda n: len(run.watch.markers) > n, before)
+            run.watch.wait(more, PROGRESS_TIMEOUT_S, run.procs, "a new marker")
             time.sleep(delay)  # the fault's timing (varied on purpose), not a wait for anything
-            procs.kill("worker")
-            result.faults += 1
-            procs.start_worker()
+            run.procs.kill("worker")
+            run.result.faults += 1
+            run.procs.start_worker()
         publisher.publish(parts[-1])
-        result.notes.append(f"killed {result.faults} times, each after a new checkpoint was evaluated")
-        result.recovery_seconds = _every_job_progresses(watch, procs, traces)
-        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
-        return result
+        run.result.notes.append(
+            f"killed {run.result.faults} times, each after a new checkpoint was evaluated"
+        )
+        run.result.recovery_seconds = _every_job_progresses(run.watch, run.procs, run.traces)
+        return run.verify()
 
 
 def mitigator_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """SIGKILL the mitigation consumer once it has committed commands; restart it in the same group."""
-    with pipeline_run("mitigator-kill", bootstrap, workdir, sizes) as (
-        result,
-        topics,
-        traces,
-        exp,
-        procs,
-        watch,
-    ):
-        records = stream_events(traces, topics)
-        result.events_in = len(records)
+    with pipeline_run("mitigator-kill", bootstrap, workdir, sizes) as run:
+        records = run.stream()
         head, tail = _head_and_tail(records, 0.6)
-        procs.start_worker()
-        procs.start_mitigator()
+        run.procs.start_worker()
+        run.procs.start_mitigator()
         publisher = Publisher(bootstrap)
         publisher.publish(head)
-        watch.wait(lambda: len(watch.commands) > 0, PROGRESS_TIMEOUT_S, procs, "a first command")
-        result.notes.append(f"killed after {len(watch.commands)}/{len(exp.commands)} commands committed")
-        procs.kill("mitigator")
-        result.faults += 1
+        run.watch.wait(lambda: len(run.watch.commands) > 0, PROGRESS_TIMEOUT_S, run.procs, "a first command")
+        run.result.notes.append(
+            f"killed after {len(run.watch.commands)}/{len(run.expected.commands)} commands committed"
+        )
+        run.procs.kill("mitigator")
+        run.result.faults += 1
         publisher.publish(tail)
-        procs.start_mitigator()
-        result.recovery_seconds = _first_command(watch, procs)
-        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
-        return result
+        run.procs.start_mitigator()
+        run.result.recovery_seconds = _first_command(run.watch, run.procs)
+        return run.verify()
 
 
 def broker_restart(workdir: Path, sizes: Sizes, outage_seconds: float = 3.0) -> ScenarioResult:
@@ -752,18 +738,13 @@ def broker_restart(workdir: Path, sizes: Sizes, outage_seconds: float = 3.0) -> 
     broker = EmbeddedKafka(port=free_port(), data_dir=workdir / "broker-restart", die_with_parent=True)
     bootstrap = broker.start()
     try:
-        with pipeline_run("broker-restart", bootstrap, workdir, sizes) as (
-            result,
-            topics,
-            traces,
-            exp,
-            procs,
-            watch,
-        ):
-            procs.start_worker()
-            procs.start_mitigator()
-            span = max(float(t.checkpoints[-1]) for t in traces)
-            replayer = TraceReplayer(traces, bootstrap, topics=topics, speed=span / 20.0, progress=False)
+        with pipeline_run("broker-restart", bootstrap, workdir, sizes) as run:
+            run.procs.start_worker()
+            run.procs.start_mitigator()
+            span = max(float(t.checkpoints[-1]) for t in run.traces)
+            replayer = TraceReplayer(
+                run.traces, bootstrap, topics=run.topics, speed=span / 20.0, progress=False
+            )
             replay: dict[str, ReplayResult | BaseException] = {}
 
             def run_replay() -> None:
@@ -774,30 +755,34 @@ def broker_restart(workdir: Path, sizes: Sizes, outage_seconds: float = 3.0) -> 
 
             thread = threading.Thread(target=run_replay, name="replay", daemon=True)
             thread.start()
-            goal = max(1, len(exp.markers) // 5)
-            watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs, f"{goal} markers")
-            result.notes.append(f"broker stopped after {len(watch.markers)}/{len(exp.markers)} checkpoints")
+            goal = max(1, len(run.expected.markers) // 5)
+            run.watch.wait(
+                lambda: len(run.watch.markers) >= goal, PROGRESS_TIMEOUT_S, run.procs, f"{goal} markers"
+            )
+            run.result.notes.append(
+                f"broker stopped after {len(run.watch.markers)}/{len(run.expected.markers)} checkpoints"
+            )
             if not broker.stop() or _port_open(bootstrap):
                 raise ScenarioFailed(f"the broker at {bootstrap} did not stop")
-            result.faults += 1
+            run.result.faults += 1
             time.sleep(outage_seconds)  # the outage's length, not a wait for anything
             restarted = broker.start()
             if restarted != bootstrap:
-                result.notes.append(f"broker came back on {restarted}, not {bootstrap}")
-            result.recovery_seconds = _every_job_progresses(watch, procs, traces)
+                run.result.notes.append(f"broker came back on {restarted}, not {bootstrap}")
+            run.result.recovery_seconds = _every_job_progresses(run.watch, run.procs, run.traces)
             thread.join(SETTLE_TIMEOUT_S)
             outcome = replay.get("result")
             if isinstance(outcome, ReplayResult):
-                result.events_in = outcome.events_produced
+                run.result.events_in = outcome.events_produced
                 if outcome.delivery_failures:
-                    result.notes.append(f"replayer: {outcome.delivery_failures} delivery failures")
-                    result.lost += outcome.delivery_failures
+                    run.result.notes.append(f"replayer: {outcome.delivery_failures} delivery failures")
+                    run.result.lost += outcome.delivery_failures
             else:
-                result.notes.append(f"replayer failed: {replay.get('error', 'did not finish in time')!r}")
-                result.crashed += 1
-            verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
-            result.crashed += 0 if isinstance(outcome, ReplayResult) else 1
-            return result
+                run.result.notes.append(f"replayer failed: {replay.get('error', 'did not finish in time')!r}")
+                run.result.crashed += 1
+            run.verify()
+            run.result.crashed += 0 if isinstance(outcome, ReplayResult) else 1
+            return run.result
     finally:
         broker.stop()
 
@@ -969,11 +954,11 @@ def check_agent_letters(
 def bad_input(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """Interleave ``sizes.bad_events`` bad records with a valid replay: the agent letters each bad
     record (each bad observation of a batch) once, with its reason, and the decisions do not change."""
-    with pipeline_run("bad-input", bootstrap, workdir, sizes) as (result, topics, traces, exp, procs, watch):
-        records = stream_events(traces, topics)
-        jobs = [t.job_id for t in traces]
+    with pipeline_run("bad-input", bootstrap, workdir, sizes) as run:
+        records = stream_events(run.traces, run.topics)
+        jobs = [t.job_id for t in run.traces]
         bad = [
-            bad_record(BAD_KINDS[i % len(BAD_KINDS)], i, jobs[i % len(jobs)], topics)
+            bad_record(BAD_KINDS[i % len(BAD_KINDS)], i, jobs[i % len(jobs)], run.topics)
             for i in range(sizes.bad_events)
         ]
         after: dict[int, list[int]] = {}
@@ -987,9 +972,9 @@ def bad_input(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
             for b in after.get(n, []):
                 mixed.append(bad[b])
                 which.append(b)
-        result.events_in = len(mixed)
-        procs.start_worker(pending_grace=BAD_INPUT_PENDING_GRACE_S)
-        procs.start_mitigator()
+        run.result.events_in = len(mixed)
+        run.procs.start_worker(pending_grace=BAD_INPUT_PENDING_GRACE_S)
+        run.procs.start_mitigator()
         placed = Publisher(bootstrap).publish(mixed)
         expected = [
             (BAD_KINDS[b % len(BAD_KINDS)], place, reason)
@@ -997,26 +982,26 @@ def bad_input(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
             if b is not None and where[1] >= 0  # delivered: the evidence the fault is on the topic
             for place, reason in expected_letters(BAD_KINDS[b % len(BAD_KINDS)], b, where)
         ]
-        result.bad_events = result.faults = len({place[:3] for _, place, _ in expected})
-        if result.bad_events != len(bad):
-            raise ScenarioFailed(f"only {result.bad_events}/{len(bad)} bad records were delivered")
-        verify(result, bootstrap, topics, exp, watch, procs, set(jobs))
+        run.result.bad_events = run.result.faults = len({place[:3] for _, place, _ in expected})
+        if run.result.bad_events != len(bad):
+            raise ScenarioFailed(f"only {run.result.bad_events}/{len(bad)} bad records were delivered")
+        run.verify()
         places = {place for _, place, _ in expected}
         try:
-            watch.wait(
-                lambda: places <= {letter_place(x) for x in watch.letters if x.stage == "agent"},
+            run.watch.wait(
+                lambda: places <= {letter_place(x) for x in run.watch.letters if x.stage == "agent"},
                 PROGRESS_TIMEOUT_S,
-                procs,
+                run.procs,
                 "the agent's dead letters of every bad record",
             )
         except ScenarioTimeout as timeout:
-            result.timeouts.append(str(timeout).split("\n", 1)[0])
-            result.notes.append(result.timeouts[-1])
-        result.dead_letters = len(watch.letters)
-        check_agent_letters(result, expected, watch.letters)
-        procs.check_alive()
-        result.crashed = len(procs.crashed)
-        return result
+            run.result.timeouts.append(str(timeout).split("\n", 1)[0])
+            run.result.notes.append(run.result.timeouts[-1])
+        run.result.dead_letters = len(run.watch.letters)
+        check_agent_letters(run.result, expected, run.watch.letters)
+        run.procs.check_alive()
+        run.result.crashed = len(run.procs.crashed)
+        return run.result
 
 
 def with_repeats(records: Sequence[Outgoing]) -> tuple[list[Outgoing], int]:
@@ -1050,14 +1035,13 @@ def with_repeats(records: Sequence[Outgoing]) -> tuple[list[Outgoing], int]:
 
 def duplicates_out_of_order(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """Every record twice, late ``running`` events after finishes, old boundaries again."""
-    with pipeline_run("duplicates", bootstrap, workdir, sizes) as (result, topics, traces, exp, procs, watch):
-        records, faults = with_repeats(stream_events(traces, topics, batch=False))  # single events: late ones
-        result.events_in, result.faults = len(records), faults
-        procs.start_worker()
-        procs.start_mitigator()
+    with pipeline_run("duplicates", bootstrap, workdir, sizes) as run:
+        records, faults = with_repeats(run.stream(batch=False))  # single events: late ones
+        run.result.events_in, run.result.faults = len(records), faults
+        run.procs.start_worker()
+        run.procs.start_mitigator()
         Publisher(bootstrap).publish(records)
-        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
-        return result
+        return run.verify()
 
 
 def _input_partitions_by_member(bootstrap: str, group: str, topics: TopicNames) -> list[int]:
@@ -1087,46 +1071,44 @@ def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult
     """Two workers share the partitions; one leaves (SIGTERM) mid-replay and the other takes its jobs."""
     from pipeline.app import WorkerSettings, app_id
 
-    with pipeline_run("worker-leaves", bootstrap, workdir, sizes) as (
-        result,
-        topics,
-        traces,
-        exp,
-        procs,
-        watch,
-    ):
-        records = stream_events(traces, topics)
-        result.events_in = len(records)
+    with pipeline_run("worker-leaves", bootstrap, workdir, sizes) as run:
+        records = run.stream()
         head, tail = _head_and_tail(records, 0.6)
-        group = app_id(WorkerSettings(bootstrap=bootstrap, topics=topics))
-        procs.start_worker("worker-a")
-        procs.start_worker("worker-b")
-        procs.start_mitigator()
-        shares = functools.partial(_input_partitions_by_member, bootstrap, group, topics)
-        watch.wait(
+        group = app_id(WorkerSettings(bootstrap=bootstrap, topics=run.topics))
+        run.procs.start_worker("worker-a")
+        run.procs.start_worker("worker-b")
+        run.procs.start_mitigator()
+        shares = functools.partial(_input_partitions_by_member, bootstrap, group, run.topics)
+        run.watch.wait(
             lambda: len(shares()) == 2 and all(shares()),
             PROGRESS_TIMEOUT_S,
-            procs,
+            run.procs,
             "both workers' partitions",
         )
         publisher = Publisher(bootstrap)
         publisher.publish(head)
         goal = max(1, len(_marked_in(head)) // 2)
-        watch.wait(lambda: len(watch.markers) >= goal, PROGRESS_TIMEOUT_S, procs, f"{goal} markers")
-        result.notes.append(f"worker-b left after {len(watch.markers)}/{len(exp.markers)} checkpoints")
+        run.watch.wait(
+            lambda: len(run.watch.markers) >= goal, PROGRESS_TIMEOUT_S, run.procs, f"{goal} markers"
+        )
+        run.result.notes.append(
+            f"worker-b left after {len(run.watch.markers)}/{len(run.expected.markers)} checkpoints"
+        )
         before = shares()
         if len(before) != 2 or not all(before):
             raise ScenarioFailed(f"worker-b no longer shares the work before it leaves: {before}")
-        procs.signal("worker-b", signal.SIGTERM)
+        run.procs.signal("worker-b", signal.SIGTERM)
         everything = sum(before)
-        watch.wait(
-            lambda: shares() == [everything], PROGRESS_TIMEOUT_S, procs, "worker-a to take every partition"
+        run.watch.wait(
+            lambda: shares() == [everything],
+            PROGRESS_TIMEOUT_S,
+            run.procs,
+            "worker-a to take every partition",
         )
-        result.faults += 1
+        run.result.faults += 1
         publisher.publish(tail)
-        result.recovery_seconds = _every_job_progresses(watch, procs, traces)
-        verify(result, bootstrap, topics, exp, watch, procs, {t.job_id for t in traces})
-        return result
+        run.result.recovery_seconds = _every_job_progresses(run.watch, run.procs, run.traces)
+        return run.verify()
 
 
 SCENARIOS: dict[str, Callable[[str, Path, Sizes], ScenarioResult]] = {

@@ -125,15 +125,21 @@ def raw_rate(
     assert began is not None
     for tp, counts in per_offset.items():
         cumulative[tp] = np.concatenate([[0], np.cumsum(counts)])
-    seconds = ended - began
     return {
-        "events": float(counted),
-        "observations": float(counted_observations),
-        "seconds": seconds,
-        "events_per_second": counted / seconds if seconds > 0 else float("nan"),
-        "observations_per_second": counted_observations / seconds if seconds > 0 else float("nan"),
+        **rates(counted, counted_observations, ended - began),
         "passes": float(passes),
         "mean_event_bytes": decoded_bytes / max(passes * total, 1),
+    }
+
+
+def rates(events: int, observations: int, seconds: float) -> dict[str, float]:
+    """Records and task observations read in ``seconds``, and their rates (NaN over no time)."""
+    return {
+        "events": float(events),
+        "observations": float(observations),
+        "seconds": seconds,
+        "events_per_second": events / seconds if seconds > 0 else float("nan"),
+        "observations_per_second": observations / seconds if seconds > 0 else float("nan"),
     }
 
 
@@ -182,15 +188,8 @@ def pipeline_rate(
         reached = samples[-1][1] if samples else 0
         raise TimeoutError(f"the worker committed {reached} of {total} events in {timeout:g} s")
     (first_at, first_done, first_observed), (last_at, last_done, last_observed) = samples[0], samples[-1]
-    seconds = last_at - first_at
-    counted = last_done - first_done
-    observed = last_observed - first_observed
     return {
-        "events": float(counted),
-        "observations": float(observed),
-        "seconds": seconds,
-        "events_per_second": counted / seconds if seconds > 0 else float("nan"),
-        "observations_per_second": observed / seconds if seconds > 0 else float("nan"),
+        **rates(last_done - first_done, last_observed - first_observed, last_at - first_at),
         "startup_seconds": first_at - launched,
         "worker_peak_rss_mib": peak_rss / 1024,
         "commits_observed": float(len(samples)),

@@ -3,7 +3,7 @@
 The math lives in `straggler.core.admm`; this module only moves vectors. Each node (a thread) runs
 synchronous rounds: local step, publish x_i + u_i to the single-partition exchange topic, read every
 node's message, replay `Consensus.update`; all nodes stop at the same round with the weights of
-`fit_consensus`. Rounds and the record format: docs/module-notes.md.
+`fit_consensus`. Records are `schemas.admm`'s; the rounds: docs/module-notes.md.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from schemas.admm import ExchangeRecord, decode_exchange, encode_exchange
 from straggler.core.admm import (
     Consensus,
     ConsensusExchange,
@@ -26,7 +28,7 @@ from straggler.core.admm import (
     NodeData,
     RoundRecord,
 )
-from straggler.core.method import FloatArray
+from straggler.core.arrays import FloatArray
 from straggler.kafka.config import (
     DeliveryCounter,
     consumer_config,
@@ -34,9 +36,6 @@ from straggler.kafka.config import (
 )
 from straggler.kafka.topics import create_missing_topics
 
-SCHEMA = "straggler.admm-exchange"
-VERSION = 1
-WIRE_DTYPE = np.dtype("<f8")
 ADMIN_TIMEOUT_S = 30.0
 
 
@@ -55,45 +54,9 @@ def end_offset(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def encode(
-    vector: FloatArray, run: str, node: int, round_: int
-) -> tuple[bytes, list[tuple[str, str | bytes | None]]]:
-    headers: list[tuple[str, str | bytes | None]] = [
-        ("schema", SCHEMA.encode()),
-        ("version", str(VERSION).encode()),
-        ("run", run.encode()),
-        ("node", str(node).encode()),
-        ("round", str(round_).encode()),
-    ]
-    return np.asarray(vector, dtype=WIRE_DTYPE).tobytes(), headers
-
-
-@dataclass(frozen=True)
-class ExchangeRecord:
-    run: str
-    node: int
-    round: int
-    vector: FloatArray
-
-
 def decode(message: Message) -> ExchangeRecord | None:
-    """The record's vector and coordinates; None for a record that is not an exchange message of ours."""
-    raw = message.headers() or []
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    headers = {k: v.decode() if isinstance(v, bytes) else v for k, v in pairs if v is not None}
-    if headers.get("schema") != SCHEMA:
-        return None
-    if int(headers["version"]) != VERSION:
-        raise ValueError(f"exchange record of version {headers['version']!r}; this node speaks {VERSION}")
-    value = message.value() or b""
-    if isinstance(value, str):
-        raise TypeError("exchange record values are bytes")
-    return ExchangeRecord(
-        run=headers["run"],
-        node=int(headers["node"]),
-        round=int(headers["round"]),
-        vector=np.frombuffer(value, dtype=WIRE_DTYPE).astype(np.float64),
-    )
+    """The record's vector and coordinates; None for a record that is not an exchange message."""
+    return decode_exchange(message.headers() or [], message.value() or b"")
 
 
 @dataclass
@@ -130,7 +93,7 @@ def _node_loop(
     try:
         for k in range(rounds):
             message = node.local_step(state.z)
-            value, headers = encode(message, run, node_id, k)
+            value, headers = encode_exchange(message, run, node_id, k)
             producer.produce(topic, value, f"{run}/{node_id}".encode(), headers=headers, on_delivery=delivery)
             if producer.flush(round_timeout) > 0:
                 raise TimeoutError(f"node {node_id}: round {k} message not delivered in {round_timeout}s")
@@ -237,25 +200,4 @@ def run_kafka_consensus(
 def kafka_exchange(bootstrap: str, topic: str, *, round_timeout: float = 60.0) -> ConsensusExchange:
     """`run_kafka_consensus` bound to a broker and topic, for ``Admm.fit_population(exchange=...)``."""
 
-    def exchange(
-        node_datasets: Sequence[NodeData],
-        rounds: int,
-        *,
-        rho: float = 1.0,
-        lam: float = 1.0,
-        eps_abs: float = 1e-4,
-        eps_rel: float = 1e-3,
-    ) -> tuple[FloatArray, ConsensusHistory]:
-        return run_kafka_consensus(
-            bootstrap,
-            topic,
-            node_datasets,
-            rounds,
-            rho=rho,
-            lam=lam,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
-            round_timeout=round_timeout,
-        )
-
-    return exchange
+    return partial(run_kafka_consensus, bootstrap, topic, round_timeout=round_timeout)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ import numpy as np
 import orjson
 
 from pipeline.model_codec import ModelRecordError, decode_model, encode_model
+from schemas import nan_to_none, none_to_nan
 from straggler.core.jobstate import TaskRecord, TaskStatus
 from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
@@ -51,21 +51,21 @@ def model_key(job_id: str, version: int) -> bytes:
 
 def task_row(record: TaskRecord, flagged_at: float | None) -> dict[str, Any]:
     """One task's state as a JSON-ready dict (NaN written as null)."""
-    features = [None if math.isnan(v) else float(v) for v in record.features.tolist()]
+    features = [nan_to_none(v) for v in record.features.tolist()]
     return {
         "s": int(record.status),
         "x": features,
         "st": float(record.start),
         "t": float(record.observed_at),
         "a": int(record.attempt),
-        "l": None if math.isnan(record.latency) else float(record.latency),
+        "l": nan_to_none(record.latency),
         "f": None if flagged_at is None else float(flagged_at),
     }
 
 
 def read_task_row(row: Mapping[str, Any]) -> tuple[TaskRecord, float | None]:
-    features = np.array([np.nan if v is None else v for v in row["x"]], dtype=np.float64)
-    latency = float("nan") if row["l"] is None else float(row["l"])
+    features = np.array([none_to_nan(v) for v in row["x"]], dtype=np.float64)
+    latency = none_to_nan(row["l"])
     record = TaskRecord(TaskStatus(row["s"]), features, row["st"], row["t"], row["a"], latency)
     return record, row["f"]
 

@@ -9,7 +9,7 @@ import sys
 import orjson
 
 from straggler.kafka.security import add_kafka_config_argument
-from straggler.traces.loading import add_trace_arguments, load_traces_from_args
+from straggler.traces.loading import add_trace_arguments, traces_for_command
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -59,12 +59,11 @@ def _produce(args: argparse.Namespace) -> int:
     from straggler.kafka.names import TopicNames
 
     try:
-        traces = load_traces_from_args(args, progress=not args.quiet)
+        traces = traces_for_command(args, progress=not args.quiet)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    if not traces:
-        print("no job in the trace meets --min-tasks", file=sys.stderr)
+    if traces is None:
         return EXIT_FAILED
     replayer = TraceReplayer(
         traces,

@@ -37,6 +37,7 @@ from schemas import (
 )
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.produce import produce_with_backpressure
 from straggler.simulation import CheckpointStep, JobOutcome, JobSimulation, finish_order
 from straggler.traces.jobtrace import FloatArray, JobTrace
 
@@ -362,12 +363,7 @@ class TraceReplayer:
         def produce(
             topic: str, job_id: str, payload: bytes, callback: Callable[[KafkaError | None, Message], None]
         ) -> None:
-            while True:
-                try:
-                    producer.produce(topic, payload, job_id.encode(), on_delivery=callback)
-                    break
-                except BufferError:  # local queue full: let deliveries drain it
-                    producer.poll(0.1)
+            produce_with_backpressure(producer, topic, payload, job_id.encode(), callback)
             result.events_produced += 1
             if result.events_produced % 1000 == 0:
                 producer.poll(0)

@@ -24,6 +24,7 @@ from schemas import Event, JobEvent, TaskCheckpoint, encode, task_batches
 from schemas.events import TaskStatus
 from straggler.kafka.config import DeliveryCounter, DeliveryError, producer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.produce import produce_with_backpressure
 
 DEFAULT_FLUSH_SECONDS = 30.0
 DEFAULT_LINGER_SECONDS = 0.5
@@ -209,12 +210,7 @@ class TelemetryProducer:
                 self._send_batch(job_id)
 
     def _produce(self, topic: str, job_id: str, payload: bytes) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, payload, job_id.encode(), on_delivery=self._deliveries)
-                break
-            except BufferError:  # local queue full: serve deliveries to make room
-                self._producer.poll(0.1)
+        produce_with_backpressure(self._producer, topic, payload, job_id.encode(), self._deliveries)
         self._producer.poll(0)
 
 

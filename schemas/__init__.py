@@ -40,6 +40,8 @@ from schemas.events import (
     TaskBatch,
     TaskCheckpoint,
     command_id,
+    nan_to_none,
+    none_to_nan,
 )
 
 __all__ = [
@@ -68,6 +70,8 @@ __all__ = [
     "decode_object",
     "encode",
     "expand_predictions",
+    "nan_to_none",
+    "none_to_nan",
     "observations",
     "prediction_batches",
     "schema_document",

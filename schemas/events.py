@@ -12,6 +12,7 @@ methods without them) are always written, as ``null``.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal, Self, get_type_hints
@@ -291,6 +292,16 @@ def _register(cls: type[_EventBase]) -> None:
 
 for _cls in EVENT_CLASSES.values():
     _register(_cls)
+
+
+def nan_to_none(value: float) -> float | None:
+    """A number for the wire: JSON has no NaN, so a number a method does not produce is written null."""
+    return None if value != value else float(value)
+
+
+def none_to_nan(value: float | None) -> float:
+    """A number read from the wire: null (absent) becomes NaN, so arrays of it stay float64."""
+    return math.nan if value is None else float(value)
 
 
 def command_id(job_id: str, task_id: str, action: str, decision_key: str | int | float) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS, make_policy
 from straggler.evaluation import MITIGATION_POLICIES
 from straggler.kafka.security import add_kafka_config_argument
-from straggler.traces.loading import add_trace_arguments, load_traces_from_args
+from straggler.traces.loading import add_trace_arguments, traces_for_command
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -27,9 +27,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown method(s): {', '.join(unknown)}; known: {', '.join(method_names())}", file=sys.stderr)
         return 2
-    traces = load_traces_from_args(args)
-    if not traces:
-        print("no job in the trace meets --min-tasks", file=sys.stderr)
+    traces = traces_for_command(args)
+    if traces is None:
         return 1
     if args.drop_features:
         dropped = [name.strip() for name in args.drop_features.split(",") if name.strip()]
@@ -91,9 +90,8 @@ def _train(args: argparse.Namespace) -> int:
     if not method.learns_across_jobs:
         print(f"{args.method} learns within each job; there is nothing to train ahead", file=sys.stderr)
         return 2
-    traces = load_traces_from_args(args)
-    if not traces:
-        print("no job in the trace meets --min-tasks", file=sys.stderr)
+    traces = traces_for_command(args)
+    if traces is None:
         return 1
     if args.bootstrap is None:
         try:
@@ -134,9 +132,8 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from straggler.replay import run_replay
 
-    traces = load_traces_from_args(args)
-    if not traces:
-        print("no job in the trace meets --min-tasks", file=sys.stderr)
+    traces = traces_for_command(args)
+    if traces is None:
         return 1
     interval = float(min(np.diff(t.checkpoints).min() if len(t.checkpoints) > 1 else 300.0 for t in traces))
     summary = run_replay(

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 from tqdm import tqdm
 
+from straggler.core.arrays import FloatArray
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
@@ -33,7 +34,7 @@ from straggler.core.registry import make_method
 from straggler.core.scheduling import relaunch_latencies, simulate_relaunches
 from straggler.core.threshold import oracle_threshold
 from straggler.simulation import checkpoint_interval, limit_outcome, run_closed_loop
-from straggler.traces.jobtrace import FloatArray, JobTrace
+from straggler.traces.jobtrace import JobTrace
 
 ThresholdMode = Literal["oracle", "online"]
 MACHINE_COUNTS = (100, 200, 300, 400, 500, 600, 700, 800, 900)

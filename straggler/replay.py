@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,28 +45,46 @@ from straggler.simulation import checkpoint_interval, limit_outcome
 from straggler.traces.jobtrace import JobTrace
 
 
+def start_cli(
+    args: Sequence[str], log_path: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m straggler.cli ARGS``, unbuffered, its stdout and stderr written to ``log_path``
+    (``env``: variables added to this process's environment)."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "straggler.cli", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+
+
+def stop_child(
+    process: subprocess.Popen[bytes], timeout: float, sig: signal.Signals = signal.SIGTERM
+) -> int | None:
+    """Send ``sig`` and wait up to ``timeout`` seconds for the exit code; None if the child outlived
+    that and was killed (SIGKILL)."""
+    process.send_signal(sig)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout)
+        return None
+
+
 @contextmanager
 def child_process(
     args: Sequence[str], log_path: Path, *, stop_timeout: float = 30.0
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``python -m straggler.cli ARGS`` until the block ends, then SIGTERM (SIGKILL if it hangs)."""
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "straggler.cli", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(stop_timeout)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(stop_timeout)
+    process = start_cli(args, log_path)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            stop_child(process, stop_timeout)
 
 
 @dataclass

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from straggler.core.arrays import BoolArray, FloatArray
 from straggler.core.baselines import (
     BASELINES,
     _tobit_objective,
     breslow_baseline,
     conditional_log_median,
 )
-from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.nurd import PRESETS as NURD_PRESETS
 from straggler.core.outliers import OUTLIER_DETECTORS
 from straggler.core.preprocessing import Standardiser, impute_like

@@ -222,22 +222,21 @@ def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
     assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
 
 
-def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, JobStore, float, set[str]]:
+def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, Tables, JobStore, float, set[str]]:
     """Run the job until a checkpoint flags some tasks; return the tables before that checkpoint's
-    evaluation, the store, its time and its flags (evaluated, not yet committed)."""
+    evaluation, the tables, the store, its time and its flags (evaluated, not yet committed)."""
     tables: Tables = ({}, {}, {})
     for t, store in checkpoints(trace, tables):
         before = copy_of(tables)
         flagged = {d.task_id for d in store.evaluate(trace.job_id, t) if d.is_straggler}
         if flagged:
-            return before, store, t, flagged
+            return before, tables, store, t, flagged
         commit(store, trace.job_id, t)
     raise AssertionError("the synthetic job never flagged a task")
 
 
 def test_a_checkpoint_writes_no_task_row_its_flags_ride_in_the_job_row(trace: JobTrace) -> None:
-    before, store, t, flagged = first_checkpoint_with_flags(trace)
-    tables = store.tasks, store.jobs, store.models
+    before, tables, store, t, flagged = first_checkpoint_with_flags(trace)
     assert len(tables[0]) == len(before[0]), "the evaluation wrote a task row"
     commit(store, trace.job_id, t)
     meta = store.meta(trace.job_id)
@@ -248,9 +247,8 @@ def test_a_checkpoint_writes_no_task_row_its_flags_ride_in_the_job_row(trace: Jo
 def test_flags_only_in_the_job_row_survive_a_rebuild_and_later_checkpoints(trace: JobTrace) -> None:
     """A worker rebuilt right after the commit gets the flags from the job row alone; they must reach
     a task row before the next job row (which names only its own flags) replaces them."""
-    _, store, t, flagged = first_checkpoint_with_flags(trace)
+    _, tables, store, t, flagged = first_checkpoint_with_flags(trace)
     commit(store, trace.job_id, t)
-    tables = (store.tasks, store.jobs, store.models)
     rebuilt = store_over(tables)
     job = rebuilt.job(trace.job_id)
     assert job is not None and flagged <= set(job.state.flagged)

@@ -54,6 +54,7 @@ from schemas.events import TaskStatus
 from straggler.core.policies import Unlimited
 from straggler.kafka.config import consumer_config, producer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.topics import create_topics
 
 PARTITIONS = 4
@@ -223,12 +224,7 @@ def produce(bootstrap: str, records: Iterable[tuple[str, bytes, bytes | None]]) 
         produced.partition_of_job[(message.key() or b"").decode()] = partition
 
     for topic, key, value in records:
-        while True:
-            try:
-                producer.produce(topic, value, key, on_delivery=delivered)
-                break
-            except BufferError:  # local queue full: wait for deliveries
-                producer.poll(0.1)
+        produce_with_backpressure(producer, topic, value, key, delivered)
         producer.poll(0)
     assert producer.flush(30) == 0
     assert errors == []

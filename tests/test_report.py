@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from straggler import report
-from straggler.core.method import FloatArray
+from straggler.core.arrays import FloatArray
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times, summarise
 from straggler.traces.jobtrace import JobTrace
 

@@ -21,7 +21,7 @@ import numpy as np
 import xgboost as xgb
 from sklearn.model_selection import KFold
 
-from straggler.traces.loading import load_traces
+from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 from straggler.traces.synthetic import USAGE_FEATURES
 
 GROUPS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -59,16 +59,13 @@ def out_of_fold_r2(X: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--format", required=True, choices=sorted(GROUPS))
-    parser.add_argument("--trace", type=Path, default=None)
-    parser.add_argument("--jobs", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-jobs", type=int, default=None)
+    add_trace_arguments(parser)
+    parser.set_defaults(jobs=40)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    traces = load_traces(
-        args.format, args.trace, max_jobs=args.max_jobs, jobs=args.jobs, seed=args.seed, progress=False
-    )
+    if args.format not in GROUPS:
+        parser.error(f"--format: one of {', '.join(sorted(GROUPS))}")
+    traces = load_traces_from_args(args, progress=False)
     variants: dict[str, tuple[str, ...]] = {"all features": ()}
     variants.update({f"without {name}": cols for name, cols in GROUPS[args.format].items()})
     scores: dict[str, list[float]] = {name: [] for name in variants}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from straggler.core.threshold import oracle_threshold
-from straggler.traces.loading import load_traces
+from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 
 def job_stats(start: np.ndarray, end: np.ndarray, checkpoints: np.ndarray) -> dict[str, float]:
@@ -43,23 +43,12 @@ def job_stats(start: np.ndarray, end: np.ndarray, checkpoints: np.ndarray) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--format", required=True)
-    parser.add_argument("--trace", type=Path, default=None)
-    parser.add_argument("--checkpoint-seconds", type=float, required=True)
-    parser.add_argument("--jobs", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-jobs", type=int, default=None)
+    add_trace_arguments(parser)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    traces = load_traces(
-        args.format,
-        args.trace,
-        checkpoint_seconds=args.checkpoint_seconds,
-        max_jobs=args.max_jobs,
-        jobs=args.jobs,
-        seed=args.seed,
-        progress=False,
-    )
+    if args.checkpoint_seconds is None:
+        parser.error("--checkpoint-seconds is required")
+    traces = load_traces_from_args(args, progress=False)
     rows = []
     for trace in traces:
         ok = trace.scored

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 import numpy as np
 from scipy import special
 
-from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.arrays import BoolArray, FloatArray
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.partitioner import partition_of
 from straggler.core.preprocessing import Standardiser
 from straggler.core.state import STANDARDISER, StateCodec

@@ -21,7 +21,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.svm import LinearSVC
 from sklearn.tree import DecisionTreeClassifier
 
-from straggler.core.method import BoolArray, CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.arrays import BoolArray, FloatArray
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, fill_missing, nan_column_means
 from straggler.core.state import (
     BOOSTER,
@@ -68,6 +69,18 @@ def _quiet_fit(model: Any, X: FloatArray, y: Any, **kwargs: Any) -> Any:
 def _require_fitted(method: StragglerMethod, attribute: str) -> None:
     if not hasattr(method, attribute):
         raise RuntimeError(f"{type(method).__name__}.predict called before fit")
+
+
+class _FallsBack(StragglerMethod):
+    """A method whose ``fit`` sets ``fallback_`` when it has too little to learn from."""
+
+    fallback_: bool
+
+    def _left_to_reactive(self, data: CheckpointData) -> bool:
+        """Whether this checkpoint is scored by `reactive_scores`: while the method falls back, and
+        when no task runs (empty scores)."""
+        _require_fitted(self, "fallback_")
+        return self.fallback_ or data.n_running == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,7 +178,7 @@ def _oversample_minority(X: FloatArray, y: BoolArray, random_state: int) -> tupl
 # --------------------------------------------------------------------------------------------------
 
 
-class _PULearner(StragglerMethod):
+class _PULearner(_FallsBack):
     """What the two PU learners share: finished tasks are the labelled class, running ones unlabelled."""
 
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {
@@ -220,11 +233,8 @@ class PUElkanNoto(_PULearner):
         return self
 
     def predict(self, data: CheckpointData) -> Scores:
-        _require_fitted(self, "fallback_")
-        if self.fallback_:
+        if self._left_to_reactive(data):
             return reactive_scores(data, as_latency=False)
-        if data.n_running == 0:
-            return Scores.from_labels(np.zeros(0, dtype=bool))
         g = self.model_.predict_proba(self.scaler_.transform(data.X_running))[:, 1]
         p_finished_like = np.clip(g / self.c_, 0.0, 1.0)
         return Scores.from_labels(np.asarray(p_finished_like < 0.5, dtype=bool), 1.0 - p_finished_like)
@@ -298,11 +308,8 @@ class PUBagging(_PULearner):
         return self
 
     def predict(self, data: CheckpointData) -> Scores:
-        _require_fitted(self, "fallback_")
-        if self.fallback_:
+        if self._left_to_reactive(data):
             return reactive_scores(data, as_latency=False)
-        if data.n_running == 0:
-            return Scores.from_labels(np.zeros(0, dtype=bool))
         Z_run = self.scaler_.transform(data.X_running)
         p_all = np.mean([_finished_probability(tree, Z_run) for tree in self.trees_], axis=0)
         if _running_key(data) == self.fit_key_:
@@ -445,7 +452,27 @@ def _xgb_params(objective: str, max_depth: int, learning_rate: float, random_sta
     }
 
 
-class Grabit(StragglerMethod):
+class _BoostedSurvival(_FallsBack):
+    """An XGBoost survival model on finished (events) and running (censored) tasks; the reactive rule
+    until 2 finished tasks of distinct latency, and when no task runs."""
+
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {"booster_": BOOSTER}
+
+    def _learns(self, data: CheckpointData) -> bool:
+        """Set ``fallback_`` (too little to learn from) and, when it learns, the missing-value fill."""
+        self.fallback_ = not can_learn_latency(data.latency_finished)
+        if not self.fallback_:
+            self.fill_ = nan_column_means(data.X_finished)
+        return not self.fallback_
+
+    def _matrix(self, X: FloatArray) -> Any:
+        """``X`` with missing values filled, as XGBoost's DMatrix."""
+        import xgboost as xgb
+
+        return xgb.DMatrix(fill_missing(X, self.fill_))
+
+
+class Grabit(_BoostedSurvival):
     """Grabit (Sigrist & Hirnschall, 2019), here as XGBoost's accelerated-failure-time objective
     with Gaussian noise on log latency: finished tasks are exact intervals [L, L], running tasks
     right-censored intervals [elapsed, +inf).
@@ -461,7 +488,6 @@ class Grabit(StragglerMethod):
 
     name: ClassVar[str] = "grabit"
     predicts_latency: ClassVar[bool] = True
-    state_codecs: ClassVar[Mapping[str, StateCodec]] = {"booster_": BOOSTER}
 
     def __init__(
         self,
@@ -480,15 +506,12 @@ class Grabit(StragglerMethod):
     def fit(self, data: CheckpointData) -> Self:
         import xgboost as xgb
 
-        self.fallback_ = not can_learn_latency(data.latency_finished)
-        if self.fallback_:
+        if not self._learns(data):
             return self
-        self.fill_ = nan_column_means(data.X_finished)
         self.time_scale_ = float(np.median(np.maximum(data.latency_finished, TIME_FLOOR)))
         finished = np.maximum(data.latency_finished, TIME_FLOOR) / self.time_scale_
         running = np.maximum(data.elapsed_running, TIME_FLOOR) / self.time_scale_
-        X = fill_missing(np.vstack([data.X_finished, data.X_running]), self.fill_)
-        dtrain = xgb.DMatrix(X)
+        dtrain = self._matrix(np.vstack([data.X_finished, data.X_running]))
         dtrain.set_float_info("label_lower_bound", np.concatenate([finished, running]))
         dtrain.set_float_info("label_upper_bound", np.concatenate([finished, np.full(len(running), np.inf)]))
         params = _xgb_params("survival:aft", self.max_depth, self.learning_rate, self.random_state)
@@ -501,19 +524,14 @@ class Grabit(StragglerMethod):
         return self
 
     def predict(self, data: CheckpointData) -> Scores:
-        import xgboost as xgb
-
-        _require_fitted(self, "fallback_")
-        if self.fallback_:
+        if self._left_to_reactive(data):
             return reactive_scores(data, as_latency=True)
-        if data.n_running == 0:
-            return Scores.from_latency(np.zeros(0), np.zeros(0), data.threshold)
-        dtest = xgb.DMatrix(fill_missing(data.X_running, self.fill_))
+        dtest = self._matrix(data.X_running)
         latency = np.asarray(self.booster_.predict(dtest), dtype=np.float64) * self.time_scale_
         return Scores.from_latency(latency, latency.copy(), data.threshold)
 
 
-class CoxPH(StragglerMethod):
+class CoxPH(_BoostedSurvival):
     """Cox proportional hazards with a boosted risk score: XGBoost ``survival:cox`` (label = latency
     for finished tasks, -elapsed for running ones, i.e. right-censored) gives the hazard ratio r(x);
     the Breslow estimator over the same training data gives the baseline cumulative hazard H0.
@@ -529,7 +547,6 @@ class CoxPH(StragglerMethod):
 
     name: ClassVar[str] = "coxph"
     predicts_latency: ClassVar[bool] = False
-    state_codecs: ClassVar[Mapping[str, StateCodec]] = {"booster_": BOOSTER}
 
     def __init__(
         self, n_estimators: int = 50, max_depth: int = 4, learning_rate: float = 0.1, random_state: int = 0
@@ -542,13 +559,11 @@ class CoxPH(StragglerMethod):
     def fit(self, data: CheckpointData) -> Self:
         import xgboost as xgb
 
-        self.fallback_ = not can_learn_latency(data.latency_finished)
-        if self.fallback_:
+        if not self._learns(data):
             return self
-        self.fill_ = nan_column_means(data.X_finished)
         times = np.maximum(np.concatenate([data.latency_finished, data.elapsed_running]), TIME_FLOOR)
         event = np.concatenate([np.ones(data.n_finished, dtype=bool), np.zeros(data.n_running, dtype=bool)])
-        dtrain = xgb.DMatrix(fill_missing(np.vstack([data.X_finished, data.X_running]), self.fill_))
+        dtrain = self._matrix(np.vstack([data.X_finished, data.X_running]))
         dtrain.set_label(np.where(event, times, -times))
         params = _xgb_params("survival:cox", self.max_depth, self.learning_rate, self.random_state)
         self.booster_: Any = xgb.train(params, dtrain, num_boost_round=self.n_estimators)
@@ -561,14 +576,9 @@ class CoxPH(StragglerMethod):
         return self
 
     def predict(self, data: CheckpointData) -> Scores:
-        import xgboost as xgb
-
-        _require_fitted(self, "fallback_")
-        if self.fallback_:
+        if self._left_to_reactive(data):
             return reactive_scores(data, as_latency=False)
-        if data.n_running == 0:
-            return Scores.from_labels(np.zeros(0, dtype=bool))
-        dtest = xgb.DMatrix(fill_missing(data.X_running, self.fill_))
+        dtest = self._matrix(data.X_running)
         margin = np.asarray(self.booster_.predict(dtest, output_margin=True), dtype=np.float64)
         risk = np.exp(np.minimum(margin - self.margin_offset_, 50.0))
         elapsed = np.maximum(data.elapsed_running, TIME_FLOOR)

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
-from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
+from straggler.core.arrays import FloatArray
 
 
 class TaskStatus(IntEnum):

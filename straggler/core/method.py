@@ -15,17 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
-from numpy.typing import NDArray
 
+from straggler.core.arrays import BoolArray, FloatArray
 from straggler.core.state import State, StateCodec, dump_attributes, load_attributes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from straggler.traces.jobtrace import JobTrace
-
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)

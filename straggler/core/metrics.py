@@ -9,10 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
-BoolArray = NDArray[np.bool_]
+from straggler.core.arrays import BoolArray, FloatArray
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from scipy.stats import chi2, rankdata
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
-from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.arrays import FloatArray
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
 from straggler.core.state import (
     STANDARDISER,

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from straggler.core.arrays import FloatArray
 from straggler.core.jobstate import JobState, TaskStatus
-from straggler.core.method import CheckpointData, FloatArray, StragglerMethod
+from straggler.core.method import CheckpointData, StragglerMethod
 from straggler.core.threshold import online_threshold
 
 

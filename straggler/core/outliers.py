@@ -19,8 +19,9 @@ from typing import Any, ClassVar, Self
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
+from straggler.core.arrays import FloatArray
 from straggler.core.baselines import reactive_scores
-from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser
 from straggler.core.state import STANDARDISER, State, StateCodec
 

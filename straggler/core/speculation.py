@@ -16,15 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import NDArray
 
+from straggler.core.arrays import FloatArray, IntArray
 from straggler.core.online import Decision
 from straggler.core.policies import Action, MitigationPolicy
 from straggler.core.survival import LatencySurvival
 
 TINY = 1e-300
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
 
 
 @dataclass

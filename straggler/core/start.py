@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
+from straggler.core.arrays import FloatArray
+from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.online import OnlineJob
 from straggler.core.online_replay import replay_trace
 

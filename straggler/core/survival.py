@@ -10,9 +10,8 @@ latency from a predictor (a flag says "latency >= threshold").
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
+from straggler.core.arrays import FloatArray
 
 
 def kaplan_meier(durations: FloatArray, observed: FloatArray) -> tuple[FloatArray, FloatArray]:

@@ -16,12 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
 from scipy import optimize, special, stats
 
+from straggler.core.arrays import FloatArray
 from straggler.core.survival import kaplan_meier
-
-FloatArray = NDArray[np.float64]
 
 
 def oracle_threshold(latencies: FloatArray, quantile: float = 0.9) -> float:

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from straggler.traces.jobtrace import BoolArray, FloatArray, JobTrace
+from straggler.core.arrays import BoolArray, FloatArray
+from straggler.traces.jobtrace import JobTrace
 from straggler.traces.usage import UsageWindows, assemble_job_trace
 
 BATCH_TASK_COLUMNS: tuple[str, ...] = (

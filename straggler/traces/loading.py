@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from straggler.traces.jobtrace import JobTrace
 
@@ -27,49 +28,6 @@ def load_traces(
     """Load (or, for ``synthetic``, generate) the jobs an evaluation or a replay runs on."""
     if checkpoints_per_job is not None and fmt != "google-2011":
         raise ValueError("--checkpoints-per-job is implemented for --format google-2011 only")
-    if fmt == "google-2011":
-        from straggler.traces.google2011 import load_google2011
-
-        if trace is None:
-            raise ValueError("--trace DIR is required for google-2011")
-        return list(
-            load_google2011(
-                trace,
-                checkpoint_seconds=checkpoint_seconds or 300.0,
-                checkpoints_per_job=checkpoints_per_job,
-                min_tasks=min_tasks,
-                max_jobs=max_jobs,
-                progress=progress,
-            )
-        )
-    if fmt == "google-2011-usage":
-        from straggler.traces.usage import load_google2011_usage
-
-        if trace is None:
-            raise ValueError("--trace DIR is required for google-2011-usage")
-        return list(
-            load_google2011_usage(
-                trace,
-                checkpoint_seconds=checkpoint_seconds or 300.0,
-                min_tasks=min_tasks,
-                max_jobs=max_jobs,
-                progress=progress,
-            )
-        )
-    if fmt == "alibaba-2018":
-        from straggler.traces.alibaba2018 import load_alibaba2018
-
-        if trace is None:
-            raise ValueError("--trace DIR is required for alibaba-2018")
-        return list(
-            load_alibaba2018(
-                trace,
-                checkpoint_seconds=checkpoint_seconds or 60.0,
-                min_tasks=min_tasks,
-                max_jobs=max_jobs,
-                progress=progress,
-            )
-        )
     if fmt == "synthetic":
         from straggler.traces.synthetic import generate_jobs
 
@@ -77,7 +35,23 @@ def load_traces(
             jobs, seed=seed, min_tasks=min_tasks, checkpoint_seconds=checkpoint_seconds or 60.0
         )
         return traces[:max_jobs] if max_jobs else traces
-    raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+    if trace is None:
+        raise ValueError(f"--trace DIR is required for {fmt}")
+    shared: dict[str, Any] = {"min_tasks": min_tasks, "max_jobs": max_jobs, "progress": progress}
+    if fmt == "google-2011":
+        from straggler.traces.google2011 import load_google2011
+
+        shared["checkpoints_per_job"] = checkpoints_per_job
+        return list(load_google2011(trace, checkpoint_seconds=checkpoint_seconds or 300.0, **shared))
+    if fmt == "google-2011-usage":
+        from straggler.traces.usage import load_google2011_usage
+
+        return list(load_google2011_usage(trace, checkpoint_seconds=checkpoint_seconds or 300.0, **shared))
+    from straggler.traces.alibaba2018 import load_alibaba2018
+
+    return list(load_alibaba2018(trace, checkpoint_seconds=checkpoint_seconds or 60.0, **shared))
 
 
 def add_trace_arguments(parser: argparse.ArgumentParser, *, evaluation: bool = False) -> None:
@@ -121,3 +95,12 @@ def load_traces_from_args(args: argparse.Namespace, *, progress: bool = True) ->
         seed=args.seed,
         progress=progress,
     )
+
+
+def traces_for_command(args: argparse.Namespace, *, progress: bool = True) -> list[JobTrace] | None:
+    """`load_traces_from_args` for a command: None, said on stderr, when no job meets --min-tasks."""
+    traces = load_traces_from_args(args, progress=progress)
+    if not traces:
+        print("no job in the trace meets --min-tasks", file=sys.stderr)
+        return None
+    return traces

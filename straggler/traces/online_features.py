@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
+from straggler.core.arrays import FloatArray, IntArray
 
 FEATURE_NAMES: tuple[str, ...] = (
     "cpu_request",

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.signal import lfilter
 
-from straggler.traces.jobtrace import FloatArray, IntArray, JobTrace
+from straggler.core.arrays import FloatArray, IntArray
+from straggler.traces.jobtrace import JobTrace
 from straggler.traces.usage import UsageWindows, assemble_job_trace, features_at
 
 USAGE_FEATURES: tuple[str, ...] = (
