@@ -36,7 +36,8 @@ from confluent_kafka import (
 )
 
 from consumers.cli import register
-from consumers.mitigation import MitigationConsumer, MitigationState, MitigationStats
+from consumers.fold import MitigationState
+from consumers.mitigation import MitigationConsumer, MitigationStats
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
