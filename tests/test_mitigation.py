@@ -34,6 +34,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from stream_events import prediction
 
 from consumers.cli import register
 from consumers.fold import MitigationState
@@ -105,23 +106,7 @@ class Stream:
             CheckpointBoundary(job_id=job, checkpoint_time=at, checkpoint_index=index, produced_at=1.0)
         )
         for task, (flagged, adjusted, elapsed) in verdicts.items():
-            self.events.append(
-                Prediction(
-                    job_id=job,
-                    task_id=task,
-                    checkpoint_time=at,
-                    raw_latency=adjusted,
-                    adjusted_latency=adjusted,
-                    propensity=None,
-                    weight=None,
-                    threshold=1000.0,
-                    is_straggler=flagged,
-                    method="test",
-                    model_version=1,
-                    elapsed=elapsed,
-                    produced_at=1.0,
-                )
-            )
+            self.events.append(prediction(job, task, at, flagged=flagged, latency=adjusted, elapsed=elapsed))
         self.events.append(
             CheckpointEvaluated(
                 job_id=job,
