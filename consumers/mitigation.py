@@ -15,9 +15,9 @@ waiting markers and finishes and the issued command ids are a deterministic fold
 records. On every assignment (and after an abort) the consumer rebuilds them by reading the assigned
 input partitions from the beginning up to the group's committed offsets with a separate, unsubscribed
 consumer, through the same fold (`consumers.fold.Rebuild`), discarding outputs; the live consumer then
-continues from the committed offsets. The cost is proportional to the retained input (and input deleted by retention is
-missing from the rebuilt state). A production deployment would instead write a snapshot of the state
-to a compacted topic in the same transaction as the commands and restore from it.
+continues from the committed offsets. The cost is proportional to the retained input (and input
+deleted by retention is missing from the rebuilt state). A production deployment would instead write a
+snapshot of the state to a compacted topic in the same transaction as the commands and restore from it.
 
 Foreign producers: a task or job event that arrived on a partition other than its job's murmur2
 partition is skipped here (`straggler.kafka.routing`): the worker forwards it, unchanged, to that
