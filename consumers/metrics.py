@@ -18,13 +18,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from schemas import DeadLetter, RelaunchCommand
 from schemas.events import Action
 from straggler.metrics_export import (
-    DEAD_LETTER_KINDS,
     LAG_SAMPLE_S,
+    DeadLetterCounter,
     LagGauge,
     StatCounter,
     StatsCollector,
     TopicPartition,
-    dead_letter_kind,
     partition_lags,
 )
 
@@ -55,14 +54,7 @@ class MitigationMetrics:
         )
         for action in get_args(Action):
             self.commands.labels(action)
-        self.dead_letters = Counter(
-            "straggler_mitigator_dead_letters",
-            "records dead-lettered, by kind of reason",
-            ["kind"],
-            registry=r,
-        )
-        for kind in DEAD_LETTER_KINDS:
-            self.dead_letters.labels(kind)
+        self.dead_letters = DeadLetterCounter("straggler_mitigator_dead_letters", r)
         self.jobs = Gauge("straggler_mitigator_jobs", "jobs whose state the consumer holds", registry=r)
         self.watchdog_restarts = Counter(
             "straggler_mitigator_watchdog_restarts",
@@ -78,7 +70,7 @@ class MitigationMetrics:
             if isinstance(output, RelaunchCommand):
                 self.commands.labels(output.action).inc()
             else:
-                self.dead_letters.labels(dead_letter_kind(output.error)).inc()
+                self.dead_letters.count(output.error)
         self.jobs.set(jobs)
 
     def sample_lag(self, consumer: Consumer, force: bool = False) -> None:

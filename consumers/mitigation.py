@@ -1,13 +1,11 @@
 """The mitigation consumer: straggler verdicts in, relaunch commands out, exactly once per decision.
 
-`MitigationState` is the pure fold (input records in; commands and dead letters out, through a
-`straggler.core.policies` policy); `MitigationConsumer` runs it in a transactional
-consume-transform-produce loop, one transaction per batch (commands, dead letters, input offsets),
-and rebuilds the state by folding the input up to the committed offsets after an assignment or abort.
-Contract: inputs are aligned on event time (a job's marker for T waits until its ``task-checkpoints``
-reached T; only its finishes at or before T are applied first), so no later finish reaches the
-decision at T and the outputs do not depend on fetch interleaving; a closed-loop driver waits until
-the committed offsets pass both the marker and the boundary. Inputs: co-partitioned, range-assigned.
+`MitigationConsumer` runs the pure fold `consumers.fold.MitigationState` (input records in; commands
+and dead letters out, aligned on event time) in a transactional consume-transform-produce loop: one
+transaction per batch (commands, dead letters, input offsets). After an assignment or abort it
+rebuilds the state by folding the input up to the committed offsets (`consumers.fold.Rebuild`). A
+closed-loop driver waits until the committed offsets pass both the marker and the boundary.
+Inputs: co-partitioned, range-assigned.
 
 Details: docs/module-notes.md.
 """
@@ -15,12 +13,10 @@ Details: docs/module-notes.md.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -32,36 +28,14 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from consumers.fold import MitigationState, Output, Rebuild
 from consumers.metrics import MitigationMetrics
-from schemas import (
-    CheckpointBoundary,
-    CheckpointEvaluated,
-    DeadLetter,
-    JobEvent,
-    Prediction,
-    PredictionBatch,
-    RelaunchCommand,
-    SchemaError,
-    TaskBatch,
-    TaskCheckpoint,
-    command_id,
-    dead_letter_for,
-    decode,
-    encode,
-    expand_predictions,
-    observations,
-)
-from straggler.core.online import Decision
-from straggler.core.policies import MitigationPolicy
-from straggler.core.policy_spec import make_policy
+from schemas import RelaunchCommand, encode
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
-from straggler.kafka.routing import is_home
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
 
 log = logging.getLogger(__name__)
-
-Output = RelaunchCommand | DeadLetter
 
 POLL_TIMEOUT_S = 0.5
 """Longest a consume call blocks, so ``stop`` and ``idle_timeout`` are noticed within about this."""
@@ -97,239 +71,6 @@ class MitigationStats:
     aborts: int = 0
     rebuilt_records: int = 0
     """Input records replayed (without producing) to rebuild the state after assignments and aborts."""
-
-
-@dataclass
-class _Job:
-    """What the fold keeps per job, besides the policy's own state."""
-
-    watermark: float = -math.inf
-    """How far the job's ``task-checkpoints`` stream has got: every finish up to here has arrived."""
-    last_marker: float = -math.inf
-    buffered: dict[float, dict[str, Decision]] = field(default_factory=dict)
-    """Predictions by checkpoint time, then task, until the checkpoint's marker arrives."""
-    waiting: deque[tuple[float, list[Decision]]] = field(default_factory=deque)
-    """Markers that arrived before the job's ``task-checkpoints`` reached their time."""
-    finishes: list[tuple[float, str, float | None, int]] = field(default_factory=list)
-    """(time, task, latency, attempt) of ends the policy has not been told about yet; latency None
-    for a run that failed or was killed."""
-    ended_at: float | None = None
-    issued: set[str] = field(default_factory=set)
-    finished_runs: set[tuple[str, int]] = field(default_factory=set)
-    """(task, attempt) of every end seen: producers may repeat events (at least once)."""
-
-
-class MitigationState:
-    """The deterministic fold from input records to commands (see the module docstring)."""
-
-    def __init__(
-        self, policy: str, checkpoint_interval: float = 300.0, partitions: int | None = None
-    ) -> None:
-        self.policy_spec = policy
-        self.partitions = partitions
-        """The input topics' partition count: task and job events off their job's murmur2 partition
-        are skipped (the worker forwards them there). None: every record is folded."""
-        self.policy: MitigationPolicy = make_policy(policy, checkpoint_interval)
-        self._jobs: dict[str, _Job] = {}
-        self._closed: set[str] = set()
-        """Jobs dropped after their end: their stragglers (late finish events) are ignored."""
-        self._ended_by_partition: dict[int, set[str]] = {}
-        self._marker_watermark: dict[int, float] = {}
-        """Latest marker time seen per predictions partition (markers come in time order there)."""
-        self.predictions = 0
-        self.checkpoints = 0
-        self.commands = 0
-        self.dead_letters = 0
-
-    @property
-    def active_jobs(self) -> frozenset[str]:
-        """Jobs whose state is held (not yet dropped after their end)."""
-        return frozenset(self._jobs)
-
-    def process(
-        self, msg_value: bytes | None, topic: str, partition: int, offset: int, key: bytes | None = None
-    ) -> list[Output]:
-        """Fold one input record into the state; return the commands and dead letters it causes."""
-        try:
-            event = decode(msg_value)
-        except SchemaError as error:
-            self.dead_letters += 1
-            return [dead_letter_for(msg_value, topic, partition, offset, error, stage="mitigator")]
-        if (
-            self.partitions is not None
-            and isinstance(event, TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent)
-            and not is_home(key, event.job_id, partition, self.partitions)
-        ):
-            return []  # the worker forwards it to its job's partition, or dead-letters it
-        if isinstance(event, PredictionBatch):
-            try:
-                predictions, marker = expand_predictions(event)
-            except SchemaError as error:
-                self.dead_letters += 1
-                return [dead_letter_for(msg_value, topic, partition, offset, error, stage="mitigator")]
-            for prediction in predictions:
-                self._on_prediction(prediction, partition)
-            return [] if marker is None else self._on_marker(marker, partition)
-        if isinstance(event, TaskBatch):
-            outputs: list[Output] = []
-            for observation in observations(event, msg_value):  # the agent letters the bad ones
-                if isinstance(observation, TaskCheckpoint):
-                    outputs += self._on_task_checkpoint(observation, partition)
-            return outputs
-        if isinstance(event, Prediction):
-            self._on_prediction(event, partition)
-            return []
-        if isinstance(event, CheckpointEvaluated):
-            return self._on_marker(event, partition)
-        if isinstance(event, TaskCheckpoint):
-            return self._on_task_checkpoint(event, partition)
-        if isinstance(event, CheckpointBoundary):
-            job = self._job(event.job_id)
-            return [] if job is None else self._advance(event.job_id, job, event.checkpoint_time, partition)
-        if isinstance(event, JobEvent) and event.event == "ended":
-            self._on_job_ended(event, partition)
-        return []  # started jobs, and any other valid event, change nothing here
-
-    def _job(self, job_id: str) -> _Job | None:
-        if job_id in self._closed:
-            return None
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = self._jobs[job_id] = _Job()
-        return job
-
-    def _on_prediction(self, event: Prediction, partition: int) -> None:
-        job = self._job(event.job_id)
-        if job is None or event.checkpoint_time <= job.last_marker:
-            return  # a late copy of a checkpoint already acted on
-        self.predictions += 1
-        job.buffered.setdefault(event.checkpoint_time, {})[event.task_id] = _decision(event)
-
-    def _on_marker(self, event: CheckpointEvaluated, partition: int) -> list[Output]:
-        at = event.checkpoint_time
-        self._marker_watermark[partition] = max(self._marker_watermark.get(partition, -math.inf), at)
-        job = self._job(event.job_id)
-        outputs: list[Output] = []
-        if job is not None and at > job.last_marker:
-            job.last_marker = at
-            decisions = list(job.buffered.pop(at, {}).values())
-            for stale in [t for t in job.buffered if t < at]:
-                del job.buffered[stale]  # predictions whose marker never came
-            if len(decisions) != event.evaluated:
-                log.warning(
-                    "job %s at %s: marker counts %d predictions, %d arrived",
-                    event.job_id,
-                    at,
-                    event.evaluated,
-                    len(decisions),
-                )
-            job.waiting.append((at, decisions))
-            outputs = self._drain(event.job_id, job)
-        self._close_ended(partition)
-        return outputs
-
-    def _on_task_checkpoint(self, event: TaskCheckpoint, partition: int) -> list[Output]:
-        job = self._job(event.job_id)
-        if job is None:
-            return []
-        ended = event.status == "finished" and event.latency is not None
-        if ended or event.status in ("failed", "killed"):
-            run = (event.task_id, event.attempt)
-            if run not in job.finished_runs:  # a repeated end must not count twice (Mantri's median)
-                job.finished_runs.add(run)
-                latency = event.latency if ended else None
-                job.finishes.append((event.checkpoint_time, event.task_id, latency, event.attempt))
-        if event.status == "running":
-            return self._advance(event.job_id, job, event.checkpoint_time, partition)
-        return []
-
-    def _advance(self, job_id: str, job: _Job, at: float, partition: int) -> list[Output]:
-        if at <= job.watermark:
-            return []
-        job.watermark = at
-        outputs = self._drain(job_id, job)
-        self._close_ended(partition)
-        return outputs
-
-    def _drain(self, job_id: str, job: _Job) -> list[Output]:
-        """Act on every waiting marker the job's task events have caught up with, in order."""
-        outputs: list[Output] = []
-        while job.waiting and job.waiting[0][0] <= job.watermark:
-            at, decisions = job.waiting.popleft()
-            later = []
-            for finish in job.finishes:
-                if finish[0] > at:
-                    later.append(finish)
-                elif finish[2] is None:
-                    self.policy.on_task_gone(job_id, finish[1], finish[0], finish[3])
-                else:
-                    self.policy.on_task_finished(job_id, finish[1], finish[0], finish[2], finish[3])
-            job.finishes = later
-            self.checkpoints += 1
-            for action in self.policy.on_checkpoint(job_id, at, decisions):
-                identity = command_id(job_id, action.task_id, action.action, action.decision_key)
-                if identity in job.issued:
-                    continue
-                job.issued.add(identity)
-                self.commands += 1
-                outputs.append(
-                    RelaunchCommand(
-                        command_id=identity,
-                        job_id=job_id,
-                        task_id=action.task_id,
-                        action=action.action,
-                        reason=action.reason,
-                        policy=self.policy_spec,
-                        issued_at=time.time(),
-                        checkpoint_time=at,
-                        attempt=action.attempt,
-                    )
-                )
-        return outputs
-
-    def _on_job_ended(self, event: JobEvent, partition: int) -> None:
-        job = self._job(event.job_id)
-        if job is None:
-            return
-        job.ended_at = event.time
-        self._ended_by_partition.setdefault(partition, set()).add(event.job_id)
-        self._close_ended(partition)
-
-    def _close_ended(self, partition: int) -> None:
-        ended = self._ended_by_partition.get(partition)
-        if not ended:
-            return
-        seen_until = self._marker_watermark.get(partition, -math.inf)
-        for job_id in list(ended):
-            job = self._jobs[job_id]
-            if job.ended_at is not None and not job.waiting and seen_until > job.ended_at:
-                self.policy.on_job_ended(job_id)
-                del self._jobs[job_id]
-                self._closed.add(job_id)
-                ended.discard(job_id)
-
-
-def _decision(event: Prediction) -> Decision:
-    """The policy's view of a prediction; fields the method does not produce become NaN."""
-
-    def number(value: float | None) -> float:
-        return math.nan if value is None else float(value)
-
-    return Decision(
-        job_id=event.job_id,
-        task_id=event.task_id,
-        checkpoint_time=event.checkpoint_time,
-        elapsed=event.elapsed,
-        raw_latency=number(event.raw_latency),
-        adjusted_latency=number(event.adjusted_latency),
-        propensity=number(event.propensity),
-        weight=number(event.weight),
-        threshold=event.threshold,
-        is_straggler=event.is_straggler,
-        model_version=event.model_version,
-        attempt=event.attempt or 0,
-        straggle_probability=number(event.straggle_probability),
-    )
 
 
 def arrived(consumer: Consumer, budget: int) -> list[Message]:
@@ -587,40 +328,31 @@ class MitigationConsumer:
         config = consumer_config(self.bootstrap, f"{self.group_id}-rebuild", read_committed=True)
         config["enable.partition.eof"] = True  # the end of a partition ends its replay (below)
         reader = Consumer(config)
-        remaining = dict(targets)
-        replayed = 0
+        rebuild = Rebuild(state, targets)
         deadline = time.monotonic() + REBUILD_TIMEOUT_S
         try:
             reader.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in targets])
-            while remaining:
+            while rebuild.remaining:
                 self._beat()
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"state rebuild did not reach the committed offsets of {remaining}")
-                done = []
+                    raise TimeoutError(
+                        f"state rebuild did not reach the committed offsets of {rebuild.remaining}"
+                    )
+                reading = set(rebuild.remaining)
                 for message in arrived(reader, self.batch_size):
-                    where = (message.topic() or "", message.partition() or 0)
-                    end = remaining.get(where)
-                    if end is None:
-                        continue
+                    topic, partition = message.topic() or "", message.partition() or 0
                     error = message.error()
-                    offset = message.offset() or 0
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            done.append(where)
-                        elif error.fatal():
-                            raise KafkaException(error)
-                        continue
-                    if offset < end:
-                        state.process(message.value(), where[0], where[1], offset, message.key())
-                        replayed += 1
-                    if offset + 1 >= end:
-                        done.append(where)
-                for where in done:
-                    if remaining.pop(where, None) is not None:
-                        reader.pause([TopicPartition(*where)])
+                    if error is None:
+                        rebuild.fold(message.value(), topic, partition, message.offset() or 0, message.key())
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        rebuild.reached((topic, partition))
+                    elif error.fatal() and (topic, partition) in reading:
+                        raise KafkaException(error)
+                for where in reading - set(rebuild.remaining):
+                    reader.pause([TopicPartition(*where)])
         finally:
             reader.close()
-        return replayed
+        return rebuild.records
 
 
 def _retrying(call: Callable[[], object], beat: Callable[[], None] = lambda: None) -> None:

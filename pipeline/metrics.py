@@ -15,13 +15,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from straggler.core.online import Decision
 from straggler.metrics_export import (
-    DEAD_LETTER_KINDS,
     LAG_SAMPLE_S,
+    DeadLetterCounter,
     LagGauge,
     StatCounter,
     StatsCollector,
     TopicPartition,
-    dead_letter_kind,
     partition_lags,
 )
 
@@ -51,11 +50,7 @@ class WorkerMetrics:
         self.registry.register(StatsCollector(lambda: stats, AGENT_COUNTERS))
         r = self.registry
         self.flags = Counter("straggler_worker_flags", "predictions that flag a straggler", registry=r)
-        self.dead_letters = Counter(
-            "straggler_worker_dead_letters", "records dead-lettered, by kind of reason", ["kind"], registry=r
-        )
-        for kind in DEAD_LETTER_KINDS:
-            self.dead_letters.labels(kind)
+        self.dead_letters = DeadLetterCounter("straggler_worker_dead_letters", r)
         self.jobs = Gauge("straggler_worker_jobs", "jobs tracked (rows of the jobs table)", registry=r)
         self.jobs.set_function(lambda: float(jobs()))
         self.decision_latency = Histogram(
@@ -75,7 +70,7 @@ class WorkerMetrics:
         )
 
     def dead_lettered(self, error: str | BaseException) -> None:
-        self.dead_letters.labels(dead_letter_kind(error)).inc()
+        self.dead_letters.count(error)
 
     def evaluated(
         self,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -62,6 +62,19 @@ def partition_lags(
             continue
         lags[tp] = max(0, end - position)
     return lags
+
+
+class DeadLetterCounter:
+    """A ``{kind}`` counter of dead letters, every kind shown (at 0) from the start."""
+
+    def __init__(self, name: str, registry: CollectorRegistry) -> None:
+        self.counter = Counter(name, "records dead-lettered, by kind of reason", ["kind"], registry=registry)
+        for kind in DEAD_LETTER_KINDS:
+            self.counter.labels(kind)
+
+    def count(self, error: str | BaseException) -> None:
+        """One letter more, of the kind of ``error`` (see `dead_letter_kind`)."""
+        self.counter.labels(dead_letter_kind(error)).inc()
 
 
 class LagGauge:

@@ -33,7 +33,7 @@ from bench.fault_scenarios import (
     stream_events,
     with_repeats,
 )
-from consumers.mitigation import MitigationState
+from consumers.fold import MitigationState
 from pipeline.app import prediction_event
 from schemas import (
     CheckpointBoundary,

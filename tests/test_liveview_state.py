@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import ClientSession, web
+from stream_events import prediction
 
 from consumers.liveview import TopicReader, make_app
 from consumers.liveview_state import LiveViewState
@@ -45,21 +46,17 @@ def _task(task: str, t: float, status: str = "running", attempt: int = 0, job: s
 def _prediction(
     task: str, t: float, elapsed: float, latency: float | None, flag: bool = True, attempt: int = 0
 ) -> Prediction:
-    return Prediction(
-        job_id="j",
-        task_id=task,
-        checkpoint_time=t,
-        raw_latency=latency,
-        adjusted_latency=latency,
-        propensity=None,
-        weight=None,
-        threshold=50.0,
-        is_straggler=flag,
-        method="nurd",
-        model_version=1,
+    return prediction(
+        "j",
+        task,
+        t,
+        flagged=flag,
+        latency=latency,
         elapsed=elapsed,
-        produced_at=0.0,
         attempt=attempt,
+        threshold=50.0,
+        method="nurd",
+        produced_at=0.0,
     )
 
 

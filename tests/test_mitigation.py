@@ -34,9 +34,11 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from stream_events import prediction
 
 from consumers.cli import register
-from consumers.mitigation import MitigationConsumer, MitigationState, MitigationStats
+from consumers.fold import MitigationState
+from consumers.mitigation import MitigationConsumer, MitigationStats
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -105,23 +107,7 @@ class Stream:
             CheckpointBoundary(job_id=job, checkpoint_time=at, checkpoint_index=index, produced_at=1.0)
         )
         for task, (flagged, adjusted, elapsed) in verdicts.items():
-            self.events.append(
-                Prediction(
-                    job_id=job,
-                    task_id=task,
-                    checkpoint_time=at,
-                    raw_latency=adjusted,
-                    adjusted_latency=adjusted,
-                    propensity=None,
-                    weight=None,
-                    threshold=1000.0,
-                    is_straggler=flagged,
-                    method="test",
-                    model_version=1,
-                    elapsed=elapsed,
-                    produced_at=1.0,
-                )
-            )
+            self.events.append(prediction(job, task, at, flagged=flagged, latency=adjusted, elapsed=elapsed))
         self.events.append(
             CheckpointEvaluated(
                 job_id=job,

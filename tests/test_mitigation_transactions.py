@@ -17,7 +17,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers import mitigation
-from consumers.mitigation import TXN_RETRIES, MitigationConsumer, MitigationState, _retrying
+from consumers.fold import MitigationState
+from consumers.mitigation import TXN_RETRIES, MitigationConsumer, _retrying
 from straggler.kafka.names import TopicNames
 
 TOPICS = TopicNames()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import zlib
 
-from consumers.mitigation import MitigationState
+from consumers.fold import MitigationState
 from schemas import CheckpointBoundary, JobEvent, TaskCheckpoint, encode
 from straggler.core.partitioner import partition_of
 from straggler.kafka.routing import Forward, Process, Reject, is_home, route
