@@ -33,6 +33,7 @@ from consumers.metrics import MitigationMetrics
 from schemas import RelaunchCommand, encode
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.produce import produce_with_backpressure
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
 
 log = logging.getLogger(__name__)
@@ -288,12 +289,7 @@ class MitigationConsumer:
 
     @staticmethod
     def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes) -> None:
-        while True:
-            try:
-                producer.produce(topic, value, key)
-                return
-            except BufferError:  # local queue full: let deliveries drain, then retry
-                producer.poll(0.1)
+        produce_with_backpressure(producer, topic, value, key)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebuild the state of the new assignment, then start reading where the group committed."""

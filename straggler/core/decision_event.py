@@ -7,9 +7,7 @@ below the core and may not import `Decision`.
 
 from __future__ import annotations
 
-import math
-
-from schemas import Prediction
+from schemas import Prediction, nan_to_none, none_to_nan
 from straggler.core.online import Decision
 
 
@@ -19,10 +17,10 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
         job_id=d.job_id,
         task_id=d.task_id,
         checkpoint_time=d.checkpoint_time,
-        raw_latency=_nan_to_none(d.raw_latency),
-        adjusted_latency=_nan_to_none(d.adjusted_latency),
-        propensity=_nan_to_none(d.propensity),
-        weight=_nan_to_none(d.weight),
+        raw_latency=nan_to_none(d.raw_latency),
+        adjusted_latency=nan_to_none(d.adjusted_latency),
+        propensity=nan_to_none(d.propensity),
+        weight=nan_to_none(d.weight),
         threshold=d.threshold,
         is_straggler=d.is_straggler,
         method=method,
@@ -30,7 +28,7 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
         elapsed=d.elapsed,
         produced_at=produced_at,
         attempt=d.attempt,
-        straggle_probability=_nan_to_none(d.straggle_probability),
+        straggle_probability=nan_to_none(d.straggle_probability),
     )
 
 
@@ -41,21 +39,13 @@ def decision_of(event: Prediction) -> Decision:
         task_id=event.task_id,
         checkpoint_time=event.checkpoint_time,
         elapsed=event.elapsed,
-        raw_latency=_none_to_nan(event.raw_latency),
-        adjusted_latency=_none_to_nan(event.adjusted_latency),
-        propensity=_none_to_nan(event.propensity),
-        weight=_none_to_nan(event.weight),
+        raw_latency=none_to_nan(event.raw_latency),
+        adjusted_latency=none_to_nan(event.adjusted_latency),
+        propensity=none_to_nan(event.propensity),
+        weight=none_to_nan(event.weight),
         threshold=event.threshold,
         is_straggler=event.is_straggler,
         model_version=event.model_version,
         attempt=event.attempt or 0,
-        straggle_probability=_none_to_nan(event.straggle_probability),
+        straggle_probability=none_to_nan(event.straggle_probability),
     )
-
-
-def _nan_to_none(value: float) -> float | None:
-    return None if value != value else value
-
-
-def _none_to_nan(value: float | None) -> float:
-    return math.nan if value is None else float(value)
