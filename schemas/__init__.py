@@ -40,6 +40,7 @@ from schemas.events import (
     TaskBatch,
     TaskCheckpoint,
     command_id,
+    none_if_nan,
 )
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "decode_object",
     "encode",
     "expand_predictions",
+    "none_if_nan",
     "observations",
     "prediction_batches",
     "schema_document",

@@ -313,3 +313,8 @@ def command_id(job_id: str, task_id: str, action: str, decision_key: str | int |
         digest.update(f"{len(encoded)}:".encode())
         digest.update(encoded)
     return digest.hexdigest()[:32]
+
+
+def none_if_nan(value: float) -> float | None:
+    """An optional measure as events carry it: NaN (the method does not produce it) becomes ``None``."""
+    return None if value != value else value

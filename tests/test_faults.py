@@ -34,7 +34,7 @@ from bench.fault_scenarios import (
     with_repeats,
 )
 from consumers.mitigation import MitigationState
-from pipeline.app import prediction_event
+from pipeline.handler import prediction_event
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
