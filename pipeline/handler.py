@@ -125,20 +125,6 @@ class AgentMetrics(Protocol):
     ) -> None: ...
 
 
-class NoMetrics:
-    def dead_lettered(self, error: str | BaseException) -> None:
-        pass
-
-    def evaluated(
-        self,
-        decisions: Sequence[Decision],
-        refit_seconds: float | None,
-        boundary_produced_at: float | None,
-        sent_at: float,
-    ) -> None:
-        pass
-
-
 class ConsensusHooks(Protocol):
     """What a method learnt in the stream needs of the agent (`pipeline.admm_online.AdmmWiring`)."""
 
@@ -182,7 +168,7 @@ class JobEventHandler:
     """Of the input topics: a record on another partition than its job's is forwarded there."""
     pending_grace: float
     stats: AgentStats = field(default_factory=AgentStats)
-    metrics: AgentMetrics = field(default_factory=NoMetrics)
+    metrics: AgentMetrics | None = None
     consensus: ConsensusHooks | None = None
     clock: Callable[[], float] = time.monotonic
     """For the pending grace period."""
@@ -278,7 +264,8 @@ class JobEventHandler:
     ) -> SendDeadLetter:
         """Letter ``record`` (or ``payload``, one observation of its batch) with the reason."""
         self.stats.dead_letters += 1
-        self.metrics.dead_lettered(error)
+        if self.metrics is not None:
+            self.metrics.dead_lettered(error)
         raw = (record.value or b"") if payload is None else payload
         letter = dead_letter_for(raw, record.topic, record.partition, record.offset, error, stage="agent")
         return SendDeadLetter(record.key, encode(letter), letter.error)
@@ -388,7 +375,8 @@ class JobEventHandler:
         for part in prediction_batches(verdicts, marker):
             yield SendPredictionPart(key, part)
         yield ACKNOWLEDGE  # flags, model and predictions are on the broker
-        self.metrics.evaluated(decisions, refit, boundary_produced_at, self.wall_clock())
+        if self.metrics is not None:
+            self.metrics.evaluated(decisions, refit, boundary_produced_at, self.wall_clock())
         store.record_evaluation(at, job, meta)
         yield ACKNOWLEDGE  # so is the job row, before any later write of the job
         store.retire_models(job_id, keep=job.model_version)

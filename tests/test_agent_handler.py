@@ -106,33 +106,30 @@ def ended(at: float, job_id: str = "j") -> JobEvent:
     return JobEvent(job_id=job_id, event="ended", time=at)
 
 
-def running(
-    task: str, at: float, job_id: str = "j", features: dict[str, float] | None = None
+def observation(
+    task: str, at: float, status: str, job_id: str, features: dict[str, float], latency: float | None = None
 ) -> TaskCheckpoint:
     return TaskCheckpoint(
         job_id=job_id,
         task_id=task,
         attempt=0,
         checkpoint_time=at,
-        status="running",
+        status=status,  # type: ignore[arg-type]
         machine_id="m",
-        features=FEATURES if features is None else features,
-        start_time=0.0,
-    )
-
-
-def finished(task: str, latency: float, job_id: str = "j") -> TaskCheckpoint:
-    return TaskCheckpoint(
-        job_id=job_id,
-        task_id=task,
-        attempt=0,
-        checkpoint_time=latency,
-        status="finished",
-        machine_id="m",
-        features={"cpu": latency / 10, "mem": 1.0},
+        features=features,
         latency=latency,
         start_time=0.0,
     )
+
+
+def running(
+    task: str, at: float, job_id: str = "j", features: dict[str, float] | None = None
+) -> TaskCheckpoint:
+    return observation(task, at, "running", job_id, FEATURES if features is None else features)
+
+
+def finished(task: str, latency: float, job_id: str = "j") -> TaskCheckpoint:
+    return observation(task, latency, "finished", job_id, {"cpu": latency / 10, "mem": 1.0}, latency)
 
 
 def boundary(at: float, job_id: str = "j", origin: str = "producer") -> CheckpointBoundary:
