@@ -648,7 +648,7 @@ def _every_job_progresses(watch: Watch, processes: Processes, traces: Sequence[J
 
 def worker_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """SIGKILL the Faust worker while it works through a replay; restart it on the same data dir."""
-    from pipeline.app import WorkerSettings, app_id
+    from pipeline.settings import WorkerSettings, app_id
 
     with pipeline_run("worker-kill", bootstrap, workdir, sizes) as run:
         records = run.stream()
@@ -1069,7 +1069,7 @@ def _port_open(bootstrap: str) -> bool:
 
 def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """Two workers share the partitions; one leaves (SIGTERM) mid-replay and the other takes its jobs."""
-    from pipeline.app import WorkerSettings, app_id
+    from pipeline.settings import WorkerSettings, app_id
 
     with pipeline_run("worker-leaves", bootstrap, workdir, sizes) as run:
         records = run.stream()

@@ -33,7 +33,7 @@ from benchlib import (
 )
 from matplotlib.figure import Figure
 
-from pipeline.app import WorkerSettings, app_id
+from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from straggler.core.jobstate import JobState
 from straggler.kafka.names import TopicNames

@@ -33,7 +33,8 @@ from confluent_kafka import Consumer, TopicPartition
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from pipeline.app import WorkerSettings, app_id, changelog_topics
+from pipeline.app import changelog_topics
+from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 
+from pipeline.settings import WorkerSettings, app_id
 from straggler.core.admm import (
     Admm,
     Consensus,
@@ -36,7 +37,6 @@ from straggler.core.partitioner import partition_of
 if TYPE_CHECKING:
     import faust
 
-    from pipeline.app import WorkerSettings
     from pipeline.jobstore import JobStore
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,6 @@ def create_topics(settings: WorkerSettings) -> None:
     by the exchange agent, in the exchange partition's changelog partition)."""
     from confluent_kafka.admin import NewTopic
 
-    from pipeline.app import app_id
     from straggler.kafka.topics import create_missing_topics
 
     topics = [

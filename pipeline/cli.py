@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipeline.app import WorkerSettings
+    from pipeline.settings import WorkerSettings
 
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
@@ -16,7 +16,8 @@ from straggler.metrics_export import add_metrics_arguments
 def _worker(args: argparse.Namespace) -> int:
     from faust.worker import Worker
 
-    from pipeline.app import WorkerSettings, create_app, create_changelog_topics
+    from pipeline.app import create_app, create_changelog_topics
+    from pipeline.settings import WorkerSettings
     from straggler.kafka.names import TopicNames
 
     settings = WorkerSettings(

@@ -17,7 +17,7 @@ import pytest
 from jobs_for_tests import make_job
 
 from pipeline.admm_online import ConsensusRecord, OnlineAdmm, RoundMessage, table_changelog
-from pipeline.app import WorkerSettings, app_id
+from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from schemas import CheckpointEvaluated, decode_each
 from straggler.core.admm import (

@@ -34,7 +34,6 @@ from bench.fault_scenarios import (
     with_repeats,
 )
 from consumers.fold import MitigationState
-from pipeline.app import prediction_event
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -48,6 +47,7 @@ from schemas import (
     encode,
     observations,
 )
+from straggler.core.decision_event import prediction_event
 from straggler.core.jobstate import JobState, TaskStatus
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient
 from jobs_for_tests import make_job
 
 import producers.replayer as replayer_module
-from pipeline.app import WorkerSettings, app_id
+from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from schemas import (
     CheckpointBoundary,

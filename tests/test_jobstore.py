@@ -216,7 +216,8 @@ def test_a_stalled_buffer_fails_the_flush(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
-    from pipeline.app import WorkerSettings, create_app
+    from pipeline.app import create_app
+    from pipeline.settings import WorkerSettings
 
     app = create_app(WorkerSettings(bootstrap="127.0.0.1:9"))  # nothing is contacted
     assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")

@@ -21,7 +21,7 @@ from jobs_for_tests import make_job
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumers.mitigation import MitigationConsumer
-from pipeline.app import AgentStats
+from pipeline.handler import AgentStats
 from pipeline.metrics import WorkerMetrics
 from producers.replayer import TraceReplayer
 from producers.telemetry import TelemetryProducer

@@ -1,0 +1,401 @@
+"""The agent's event handling without Faust: what each input record asks the worker to send, and when.
+
+`JobEventHandler` decodes, routes and applies records to the jobs of a `JobStore`, and yields
+actions: prediction parts, dead letters (with their reason), forwards, live ticks, and
+`Acknowledge`, the points where the worker must wait until the broker has everything sent so far
+(the write order of a checkpoint, `pipeline.jobstore`). `pipeline.app` only performs the actions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import orjson
+
+from pipeline.jobstore import JobStore, feature_vector
+from schemas import (
+    CheckpointBoundary,
+    CheckpointEvaluated,
+    Event,
+    JobEvent,
+    SchemaError,
+    TaskBatch,
+    TaskCheckpoint,
+    dead_letter_for,
+    decode,
+    encode,
+    observations,
+    prediction_batches,
+)
+from straggler.core.decision_event import prediction_event
+from straggler.core.online import Decision, OnlineJob
+from straggler.kafka.routing import Forward, Reject, route
+
+log = logging.getLogger(__name__)
+
+TaskInput = list[TaskCheckpoint] | CheckpointBoundary
+"""What a job's input record asks of it (its valid task observations, or a boundary); it needs the
+job's 'started' event first."""
+
+
+@dataclass
+class AgentStats:
+    events: int = 0
+    """Input records."""
+    task_events: int = 0
+    """Task observations (a batch counts its observations)."""
+    boundaries: int = 0
+    predictions: int = 0
+    dead_letters: int = 0
+    ignored: int = 0
+    forwarded: int = 0
+    """Input records copied to their job's partition (`straggler.kafka.routing`)."""
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """One record of the agent's input topics, as it arrived."""
+
+    key: bytes | None
+    value: bytes | None
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class SendPredictionPart:
+    """Send a ``prediction_batch`` part to the predictions topic."""
+
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True)
+class SendDeadLetter:
+    """Send a dead letter (``value``, the encoded letter) for a record that could not be handled."""
+
+    key: bytes | None
+    value: bytes
+    reason: str
+
+
+@dataclass(frozen=True)
+class ForwardRecord:
+    """Copy ``record``, unchanged, to ``partition`` of its topic (its job's partition)."""
+
+    record: InputRecord
+    partition: int
+
+
+@dataclass(frozen=True)
+class SendTick:
+    """Send a timer boundary of a live job to the checkpoints topic, into the job's partition."""
+
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Acknowledge:
+    """Wait until everything sent so far, on every topic, is acknowledged by the broker."""
+
+
+ACKNOWLEDGE = Acknowledge()
+Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge
+
+
+class AgentMetrics(Protocol):
+    """What the handler reports beyond `AgentStats` (`pipeline.metrics.WorkerMetrics`)."""
+
+    def dead_lettered(self, error: str | BaseException) -> None: ...
+
+    def evaluated(
+        self,
+        decisions: Sequence[Decision],
+        refit_seconds: float | None,
+        boundary_produced_at: float | None,
+        sent_at: float,
+    ) -> None: ...
+
+
+class ConsensusHooks(Protocol):
+    """What a method learnt in the stream needs of the agent (`pipeline.admm_online.AdmmWiring`)."""
+
+    def prepare(self, job: OnlineJob | None) -> None: ...
+
+    def retire(self, job_id: str) -> None: ...
+
+
+@dataclass
+class JobEventHandler:
+    """The agent's state beyond the tables (events waiting for their job's start) and its rules.
+
+    ``handle`` is a generator: the worker performs each action it yields before resuming it, so the
+    writes after an `Acknowledge` happen only once what came before is on the broker.
+    """
+
+    store: JobStore
+    method: str
+    """Named in every prediction."""
+    partitions: int
+    """Of the input topics: a record on another partition than its job's is forwarded there."""
+    pending_grace: float
+    stats: AgentStats = field(default_factory=AgentStats)
+    metrics: AgentMetrics | None = None
+    consensus: ConsensusHooks | None = None
+    clock: Callable[[], float] = time.monotonic
+    """For the pending grace period."""
+    wall_clock: Callable[[], float] = time.time
+    """For ``produced_at`` of predictions and ticks."""
+    pending: defaultdict[str, list[tuple[float, InputRecord, TaskInput]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
+    separate topics, so Kafka does not order them against each other."""
+
+    def admit(self, record: InputRecord) -> Event | SendDeadLetter | ForwardRecord:
+        """The record's event, to `handle` here; or what disposes of it (a dead letter, a forward)."""
+        self.stats.events += 1
+        try:
+            decoded = decode(record.value)
+        except SchemaError as error:
+            return self._dead_letter(record, error)
+        if isinstance(decoded, TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent):
+            where = route(record.key, decoded.job_id, record.partition, self.partitions)
+            if isinstance(where, Forward):
+                self.stats.forwarded += 1
+                return ForwardRecord(record, where.partition)
+            if isinstance(where, Reject):
+                return self._dead_letter(record, where.reason)
+        return decoded
+
+    def handle(self, record: InputRecord, decoded: Event) -> Iterator[Action]:
+        """Apply an admitted event; a task input of a job not started yet waits in `pending`."""
+        if isinstance(decoded, TaskCheckpoint | TaskBatch | CheckpointBoundary):
+            work: TaskInput
+            if isinstance(decoded, TaskCheckpoint):
+                self.stats.task_events += 1
+                work = [decoded]
+            elif isinstance(decoded, TaskBatch):
+                self.stats.task_events += len(decoded.observations)
+                work = yield from self._valid_observations(record, decoded)
+                if not work:
+                    return
+            else:
+                self.stats.boundaries += 1
+                work = decoded
+            if self.store.meta(decoded.job_id) is None or decoded.job_id in self.pending:
+                self.pending[decoded.job_id].append((self.clock(), record, work))
+            else:
+                yield from self._apply(work)
+        elif isinstance(decoded, JobEvent):
+            yield from self._settled(decoded.job_id)
+            self._apply_job_event(decoded)
+            if self.store.meta(decoded.job_id) is not None:
+                for _, _, waiting in self.pending.pop(decoded.job_id, []):
+                    yield from self._apply(waiting)
+        else:
+            yield self._dead_letter(record, f"unexpected {decoded.type} event on {record.topic}")
+
+    def failed(self, record: InputRecord, error: Exception) -> SendDeadLetter:
+        """The dead letter of a record whose handling raised: one bad event must not stop the agent."""
+        return self._dead_letter(record, f"internal error: {type(error).__name__}: {error}")
+
+    def expire_pending(self) -> list[SendDeadLetter]:
+        """Dead letters for the events whose job has not started within the grace period."""
+        if not self.pending:
+            return []
+        deadline = self.clock() - self.pending_grace
+        letters = []
+        for job_id in [j for j, items in self.pending.items() if items and items[0][0] < deadline]:
+            reason = (
+                f"event for unknown job {job_id!r}: no job_event 'started' within {self.pending_grace:.0f}s"
+            )
+            letters += [self._dead_letter(record, reason) for _, record, _ in self.pending.pop(job_id)]
+        return letters
+
+    def live_ticks(self) -> list[SendTick]:
+        """A timer boundary for each live job of the store's cache (jobs this worker handles now)."""
+        now = self.wall_clock()
+        ticks = []
+        for job_id in self.store.cached_jobs():
+            meta = self.store.meta(job_id)
+            if meta is None or not meta.live:
+                continue
+            meta.ticks += 1
+            tick = CheckpointBoundary(
+                job_id=job_id,
+                checkpoint_time=now,
+                checkpoint_index=meta.ticks,
+                produced_at=now,
+                origin="timer",
+            )
+            ticks.append(SendTick(job_id.encode(), encode(tick)))
+        return ticks
+
+    def _dead_letter(
+        self, record: InputRecord, error: str | BaseException, payload: bytes | None = None
+    ) -> SendDeadLetter:
+        """Letter ``record`` (or ``payload``, one observation of its batch) with the reason."""
+        self.stats.dead_letters += 1
+        if self.metrics is not None:
+            self.metrics.dead_lettered(error)
+        raw = (record.value or b"") if payload is None else payload
+        letter = dead_letter_for(raw, record.topic, record.partition, record.offset, error, stage="agent")
+        return SendDeadLetter(record.key, encode(letter), letter.error)
+
+    def _valid_observations(
+        self, record: InputRecord, batch: TaskBatch
+    ) -> Generator[SendDeadLetter, None, list[TaskCheckpoint]]:
+        """The batch's valid observations; each invalid one is dead-lettered alone, with its reason."""
+        valid = []
+        for body, observation in zip(batch.observations, observations(batch, record.value), strict=True):
+            if isinstance(observation, SchemaError):
+                yield self._dead_letter(record, observation, payload=orjson.dumps(body))
+            else:
+                valid.append(observation)
+        return valid
+
+    def _flush(self) -> Iterator[Action]:
+        """Wait for everything written so far; the job rows among it are then durable."""
+        rows = self.store.unacknowledged()
+        yield ACKNOWLEDGE
+        self.store.acknowledged(rows)
+
+    def _settled(self, job_id: str) -> Iterator[Action]:
+        """Before any write of a job: its last job row must be on the broker (`pipeline.jobstore`)."""
+        if self.store.awaiting_acknowledgement(job_id):
+            yield from self._flush()
+
+    def _apply(self, work: TaskInput) -> Iterator[Action]:
+        if isinstance(work, CheckpointBoundary):
+            yield from self._apply_boundary(work)
+            return
+        yield from self._settled(work[0].job_id)
+        for observation in work:
+            self._apply_task(observation)
+        self.store.write_changes(work[0].job_id)  # before any action: nothing is left pending
+
+    def _apply_task(self, event: TaskCheckpoint) -> None:
+        """Feed one task event to its (known) job; `JobStore.write_changes` writes what it changed."""
+        store = self.store
+        meta = store.meta(event.job_id)
+        job = store.job(event.job_id)
+        assert meta is not None and job is not None
+        if not meta.feature_names:
+            meta.feature_names = list(event.features)
+            store.save_meta(event.job_id, meta)
+            job = store.reload(event.job_id)  # rebuild with the right feature count
+            assert job is not None
+        x = feature_vector(meta.feature_names, event.features)
+        if event.status == "running":
+            start = event.start_time if event.start_time is not None else event.checkpoint_time
+            changed = job.state.observe_running(event.task_id, x, start, event.checkpoint_time, event.attempt)
+        elif event.status == "finished":
+            assert event.latency is not None  # the schema requires it
+            changed = job.state.observe_finished(
+                event.task_id, x, event.latency, event.checkpoint_time, event.attempt
+            )
+        else:
+            changed = job.state.observe_gone(event.task_id, event.checkpoint_time, event.attempt)
+        if changed:
+            store.put_task(job, event.task_id)
+        else:
+            self.stats.ignored += 1
+
+    def _apply_boundary(self, event: CheckpointBoundary) -> Iterator[Action]:
+        meta = self.store.meta(event.job_id)
+        assert meta is not None
+        if event.origin == "timer":
+            if meta.live:
+                yield from self._evaluate(event.job_id, event.checkpoint_time, None)
+            return
+        if meta.live:  # a producer that did not say it sends boundaries does: no timer for this job
+            yield from self._settled(event.job_id)
+            meta.live = False
+            self.store.save_meta(event.job_id, meta)
+        yield from self._evaluate(event.job_id, event.checkpoint_time, event.produced_at)
+
+    def _apply_job_event(self, event: JobEvent) -> None:
+        store = self.store
+        if event.event == "started":
+            assert event.expected_tasks is not None
+            live = not event.sends_boundaries
+            store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=live)
+            return
+        meta = store.meta(event.job_id)
+        if meta is None:
+            self.stats.ignored += 1
+            return
+        if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
+            self._drop(event.job_id)
+        else:
+            meta.ended_at = event.time
+            store.save_meta(event.job_id, meta)
+
+    def _evaluate(self, job_id: str, at: float, boundary_produced_at: float | None) -> Iterator[Action]:
+        store = self.store
+        meta = store.meta(job_id)
+        if meta is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
+            self.stats.ignored += 1
+            return  # a duplicate or late boundary: the checkpoint was already evaluated
+        yield from self._settled(job_id)
+        job, meta = store.job(job_id), store.meta(job_id)  # the cached pair, kept current below
+        assert job is not None and meta is not None
+        if self.consensus is not None:
+            self.consensus.prepare(job)  # the latest consensus weights
+        # The order of writes is what makes a killed worker recover exactly (`pipeline.jobstore`).
+        version, started = job.model_version, time.perf_counter()
+        decisions = store.evaluate(job_id, at)
+        refit = time.perf_counter() - started if job.model_version != version else None
+        now = self.wall_clock()
+        key = job_id.encode()
+        marker = CheckpointEvaluated(
+            job_id=job_id,
+            checkpoint_time=at,
+            evaluated=len(decisions),
+            flagged=sum(d.is_straggler for d in decisions),
+            model_version=job.model_version,
+            boundary_produced_at=boundary_produced_at,
+            produced_at=now,
+        )
+        verdicts = [prediction_event(d, self.method, now) for d in decisions]
+        for part in prediction_batches(verdicts, marker):
+            yield SendPredictionPart(key, part)
+        yield from self._flush()  # the model and predictions are on the broker
+        if self.metrics is not None:
+            self.metrics.evaluated(decisions, refit, boundary_produced_at, self.wall_clock())
+        store.record_evaluation(at, job, meta)  # acknowledged by the next flush, before the job's next write
+        self.stats.predictions += len(decisions)
+        if meta.ended_at is not None and at >= meta.ended_at:
+            yield from self._settled(job_id)
+            self._drop(job_id)
+
+    def _drop(self, job_id: str) -> None:
+        if self.consensus is not None:
+            self.consensus.retire(job_id)  # ADMM's node keeps the ended job's rows for a while
+        self.store.drop(job_id)
+
+
+async def process(
+    handler: JobEventHandler, record: InputRecord, perform: Callable[[Action], Awaitable[None]]
+) -> None:
+    """Handle one input record, performing each action before the handler goes on.
+
+    A failure while handling (the handler's or a send's) dead-letters the record as an internal error."""
+    admitted = handler.admit(record)
+    if isinstance(admitted, SendDeadLetter | ForwardRecord):
+        await perform(admitted)
+        return
+    try:
+        for action in handler.handle(record, admitted):
+            await perform(action)
+    except Exception as error:  # one bad event must not stop the agent
+        log.exception("failed on %s event of job %r", admitted.type, getattr(admitted, "job_id", None))
+        await perform(handler.failed(record, error))
