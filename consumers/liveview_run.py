@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from producers.replayer import ReplayResult, TraceReplayer
+from straggler.core.jobtrace import JobTrace
 from straggler.kafka.names import TopicNames
 from straggler.replay import child_process, pipeline_processes
-from straggler.traces.jobtrace import JobTrace
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 

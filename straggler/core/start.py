@@ -50,7 +50,7 @@ import numpy as np
 from straggler.core.method import CheckpointData, FloatArray, Scores, StragglerMethod
 
 if TYPE_CHECKING:
-    from straggler.traces.jobtrace import JobTrace
+    from straggler.core.jobtrace import JobTrace
 
 K_FACTOR = 1.5
 """The paper's straggler parameter k: a straggler takes more than k times the mean latency."""

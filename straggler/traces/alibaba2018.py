@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from straggler.traces.jobtrace import BoolArray, FloatArray, JobTrace
+from straggler.core.jobtrace import BoolArray, FloatArray, JobTrace
 from straggler.traces.usage import UsageWindows, assemble_job_trace
 
 BATCH_TASK_COLUMNS: tuple[str, ...] = (

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from straggler.traces.jobtrace import BoolArray, FloatArray, IntArray, JobTrace, checkpoint_grid
+from straggler.core.jobtrace import BoolArray, FloatArray, IntArray, JobTrace, checkpoint_grid
 from straggler.traces.online_features import FEATURE_NAMES, OnlineFeatureLog, OnlineFeatures
 
 SUBMIT, SCHEDULE, EVICT, FAIL, FINISH, KILL, LOST, UPDATE_PENDING, UPDATE_RUNNING = range(9)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.signal import lfilter
 
-from straggler.traces.jobtrace import FloatArray, IntArray, JobTrace
+from straggler.core.jobtrace import FloatArray, IntArray, JobTrace
 from straggler.traces.usage import UsageWindows, assemble_job_trace, features_at
 
 USAGE_FEATURES: tuple[str, ...] = (

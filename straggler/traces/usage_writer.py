@@ -49,7 +49,7 @@ from typing import TextIO
 
 import numpy as np
 
-from straggler.traces.jobtrace import IntArray
+from straggler.core.jobtrace import IntArray
 from straggler.traces.synthetic import USAGE_FEATURES as SYNTHETIC_USAGE_FEATURES
 from straggler.traces.synthetic import SimulatedJob
 from straggler.traces.usage import TASK_USAGE_COLUMNS

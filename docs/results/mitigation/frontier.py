@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from straggler.core.jobtrace import BoolArray, IntArray, JobTrace
 from straggler.core.online import Decision
 from straggler.core.policies import Action, MitigationPolicy
 from straggler.core.speculation import Speculate
@@ -47,7 +48,6 @@ from straggler.simulation import (
     limit_outcome,
     run_closed_loop,
 )
-from straggler.traces.jobtrace import BoolArray, IntArray, JobTrace
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 ELAPSED_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
