@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # the scripts run as files, not as modules of the package
     sys.path.insert(0, str(REPO))
 
-from straggler.traces.jobtrace import JobTrace  # noqa: E402
+from straggler.core.jobtrace import JobTrace  # noqa: E402
 from straggler.traces.synthetic import generate_jobs  # noqa: E402
 
 HOUR = 3600.0

@@ -52,6 +52,7 @@ from schemas import (
     encode,
     task_batches,
 )
+from straggler.core.jobtrace import JobTrace
 from straggler.core.policy_spec import DEFAULT_POLICY, make_policy
 from straggler.evaluation import EvaluationConfig, online_job, replay_decisions
 from straggler.kafka.config import consumer_config
@@ -59,8 +60,7 @@ from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.topics import create_topics
 from straggler.replay import read_topic, start_cli, stop_child
-from straggler.simulation import JobSimulation, run_closed_loop
-from straggler.traces.jobtrace import JobTrace
+from straggler.simulation import JobSimulation, recorded_steps, run_closed_loop
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT_SECONDS = 10.0
@@ -225,7 +225,7 @@ def stream_events(traces: Sequence[JobTrace], topics: TopicNames, batch: bool = 
     """
     records: list[Outgoing] = []
     sims = [JobSimulation(trace, 0) for trace in traces]
-    steps = [trace.checkpoint_events() for trace in traces]
+    steps = [recorded_steps(trace) for trace in traces]
     instants = sorted({float(t) for trace in traces for t in trace.checkpoints})
     scratch = ReplayResult(0, 0, len(traces), 0, 0.0)
     replayer = TraceReplayer(traces, "127.0.0.1:0", topics=topics, progress=False)  # never connects

@@ -36,10 +36,10 @@ from matplotlib.figure import Figure
 from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from straggler.core.jobstate import JobState
+from straggler.core.jobtrace import JobTrace
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import Outputs, child_process, decision_latencies_ms, read_outputs
-from straggler.traces.jobtrace import JobTrace
 
 N_FEATURES = 9
 """The synthetic generator's feature count (7 usage rates + 2 event counts)."""

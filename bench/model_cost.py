@@ -21,13 +21,13 @@ from matplotlib.figure import Figure
 from reference import PaperReference
 from tqdm import tqdm
 
+from straggler.core.jobtrace import JobTrace
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion
 from straggler.core.nurd import make_nurd
 from straggler.core.online import OnlineJob
-from straggler.core.online_replay import observe_interval
 from straggler.core.threshold import oracle_threshold
-from straggler.traces.jobtrace import JobTrace
+from straggler.simulation import JobSimulation, observe_step, steps
 from straggler.traces.synthetic import generate_jobs
 
 DRIVERS: dict[str, tuple[Callable[[int], StragglerMethod], float]] = {
@@ -56,9 +56,11 @@ def run_job(trace: JobTrace, driver: str, seed: int) -> dict[str, float]:
     index = {task: i for i, task in enumerate(trace.task_ids)}
     flagged = np.zeros(trace.n_tasks, dtype=bool)
     per_checkpoint: list[float] = []
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
+    sim = JobSimulation(trace, seed=0)
+    for step in steps(sim, None):
+        t = step[1]
         began = time.perf_counter()
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+        observe_step(job.state, sim, step)
         decisions = job.checkpoint(t)
         per_checkpoint.append(time.perf_counter() - began)
         for d in decisions:

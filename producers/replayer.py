@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 from bisect import insort
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -35,11 +35,11 @@ from schemas import (
     encode,
     task_batches,
 )
+from straggler.core.jobtrace import FloatArray, JobTrace
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.simulation import CheckpointStep, JobOutcome, JobSimulation, finish_order
-from straggler.traces.jobtrace import FloatArray, JobTrace
 
 MAX_SLEEP_SECONDS = 60.0
 """Longest wall-clock pause between two instants when ``speed > 0``: a trace with hours of idle time
@@ -352,7 +352,6 @@ class TraceReplayer:
                 schedule.setdefault(float(t), []).append(j)
         heap = list(schedule)
         heapq.heapify(heap)
-        open_steps: list[Iterator[CheckpointStep]] = [trace.checkpoint_events() for trace in self.traces]
         next_k = [0] * len(self.traces)
         pending_commands: list[RelaunchCommand] = []
         seen_commands: set[str] = set()
@@ -399,7 +398,7 @@ class TraceReplayer:
                     _flush(producer)  # a job's start is on the broker before its first task event
                 for j in active:
                     k = next_k[j]
-                    step = sims[j].step(k, t) if self.closed_loop else next(open_steps[j])
+                    step = sims[j].step(k, t)  # open loop, no command reaches it: the trace as recorded
                     next_k[j] += 1
                     self._publish_checkpoint(sims[j], step, send, send_tasks, result)
                     if not self.closed_loop and k == len(self.traces[j].checkpoints) - 1:

@@ -24,12 +24,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from jobs_for_tests import make_job  # noqa: E402
 
+from straggler.core.jobtrace import JobTrace  # noqa: E402
 from straggler.kafka.embedded import embedded_kafka  # noqa: E402
 from straggler.kafka.names import TopicNames  # noqa: E402
 from straggler.kafka.topics import create_topics  # noqa: E402
 from straggler.liveview_run import pipeline_and_view, screenshot, wait_for  # noqa: E402
 from straggler.replay import closed_loop_replay  # noqa: E402
-from straggler.traces.jobtrace import JobTrace  # noqa: E402
 
 INTERVAL = 4.0
 

@@ -5,7 +5,7 @@ the same `OnlineJob` the Faust agent holds, records when each task was flagged, 
 against the job's true p90 stragglers. Mitigation runs in the closed loop: per policy, the method's
 verdicts drive the policy and the simulated cluster carries out its commands (`straggler.simulation`,
 the stream replay's own), beside the limit on the same job and draws. The paper's open-loop relaunch
-figures (`straggler.core.scheduling`) are kept for reproduction. Jobs run in parallel processes;
+figures (`straggler.simulation.relaunch_flagged`) are kept for reproduction. Jobs run in parallel processes;
 each method sees the same events.
 """
 
@@ -25,16 +25,22 @@ import numpy as np
 from tqdm import tqdm
 
 from straggler.core.arrays import FloatArray
+from straggler.core.jobtrace import JobTrace
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
-from straggler.core.online_replay import replay_trace
 from straggler.core.policy_spec import make_policy
 from straggler.core.registry import make_method
-from straggler.core.scheduling import relaunch_latencies, simulate_relaunches
 from straggler.core.threshold import oracle_threshold
-from straggler.simulation import checkpoint_interval, limit_outcome, run_closed_loop
-from straggler.traces.jobtrace import JobTrace
+from straggler.simulation import (
+    JobSimulation,
+    checkpoint_interval,
+    limit_outcome,
+    observe_step,
+    relaunch_flagged,
+    run_closed_loop,
+    steps,
+)
 
 ThresholdMode = Literal["oracle", "online"]
 MACHINE_COUNTS = (100, 200, 300, 400, 500, 600, 700, 800, 900)
@@ -117,7 +123,11 @@ def replay_decisions(
     trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
 ) -> Iterator[list[Decision]]:
     """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
-    yield from replay_trace(online_job(trace, method_name, config, prototypes), trace)
+    job = online_job(trace, method_name, config, prototypes)
+    sim = JobSimulation(trace, config.seed)  # no command reaches it: the trace as recorded
+    for step in steps(sim, None):
+        observe_step(job.state, sim, step)
+        yield job.checkpoint(step[1])
 
 
 def flag_times(
@@ -154,7 +164,6 @@ def evaluate_job(
     latency = trace.latency
     truth = latency[scored] >= oracle_threshold(latency[scored], config.quantile)
     start, end = trace.start[scored], trace.end[scored]
-    new_latency = relaunch_latencies(latency[scored], int(scored.sum()), trace.job_id, config.seed)
     result = JobResult(trace.job_id, trace.n_tasks, int(scored.sum()), trace.excluded_tasks)
     interval = checkpoint_interval(trace, config.checkpoint_seconds)
     limit = limit_outcome(trace, config.seed, interval, config.quantile)
@@ -163,10 +172,9 @@ def evaluate_job(
         flagged_all, decisions = flag_times(trace, name, config, prototypes)
         flagged = flagged_all[scored]
         c = confusion(truth, np.isfinite(flagged))
-        unlimited = simulate_relaunches(start, end, flagged, new_latency, trace.checkpoints)
+        unlimited = relaunch_flagged(trace, flagged_all, config.seed)
         limited = {
-            m: simulate_relaunches(start, end, flagged, new_latency, trace.checkpoints, machines=m)
-            for m in config.machine_counts
+            m: relaunch_flagged(trace, flagged_all, config.seed, machines=m) for m in config.machine_counts
         }
         result.per_method[name] = {
             "tpr": c.tpr,
@@ -177,9 +185,9 @@ def evaluate_job(
             "f1_over_time": f1_over_time(truth, flagged, float(start.min()), float(end.max())).tolist(),
             "decisions": decisions,
             "jct_unlimited": unlimited.reduction,
-            "extra_work_unlimited": unlimited.extra_work,
+            "extra_work_unlimited": unlimited.relaunch_waste,
             "jct_limited": {str(m): r.reduction for m, r in limited.items()},
-            "extra_work_limited": {str(m): r.extra_work for m, r in limited.items()},
+            "extra_work_limited": {str(m): r.relaunch_waste for m, r in limited.items()},
             "mitigation": mitigate_job(trace, name, config, interval, prototypes),
         }
     return result

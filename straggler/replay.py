@@ -37,12 +37,12 @@ from schemas import (
     decode_each,
     encode,
 )
+from straggler.core.jobtrace import JobTrace
 from straggler.core.metrics import confusion
 from straggler.core.threshold import oracle_threshold
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.simulation import checkpoint_interval, limit_outcome
-from straggler.traces.jobtrace import JobTrace
 
 
 def start_cli(

@@ -181,8 +181,9 @@ def write_report(summary: dict[str, Any], out: Path, *, title: str, command: str
         "![mitigation](mitigation.png)\n\n"
         "## Prediction, and the paper's relaunch protocol (open loop)\n\n"
         f"{markdown_table(summary)}\n\n"
-        "The completion-time columns relaunch on the open-loop flags (`straggler.core.scheduling`, as "
-        "the paper does); extra work there is the killed originals' run time. The limit on the same "
+        "The completion-time columns relaunch on the open-loop flags "
+        "(`straggler.simulation.relaunch_flagged`, as the paper does); extra work there is the killed "
+        "originals' run time. The limit on the same "
         f"jobs and draws is {_fmt(_limit(summary))}.\n\n"
         "![F1 over time](f1_over_time.png)\n\n![JCT](jct.png)\n"
     )

@@ -7,35 +7,50 @@ the same commands. No future information reaches a predictor: a new run takes it
 restarts from zero, ``duplicate`` races a copy (first finisher wins), ``kill`` stops a race's loser or
 a task; jobs that now end later get further checkpoints on the same grid.
 
+Walking a job's checkpoints is this module's alone: a `JobSimulation` that receives no command shows
+the trace as recorded (`recorded_steps`), and the relaunch figures on open-loop flags
+(`relaunch_flagged`, the paper's Algorithms 2 and 3) run their policy on the same cluster.
+
 The rules in full, and machine time: docs/module-notes.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from schemas import command_id
 from straggler.core.jobstate import JobState
-from straggler.core.online import OnlineJob
-from straggler.core.policies import Action, MitigationPolicy
-from straggler.core.scheduling import relaunch_latencies
+from straggler.core.jobtrace import BoolArray, FloatArray, IntArray, JobTrace
+from straggler.core.online import Decision, OnlineJob
+from straggler.core.policies import Action, Limited, MitigationPolicy, Unlimited
 from straggler.core.threshold import oracle_threshold
-from straggler.traces.jobtrace import BoolArray, FloatArray, IntArray, JobTrace
 
 CheckpointStep = tuple[int, float, IntArray, IntArray, IntArray, FloatArray]
-"""``(k, t, newly_finished, newly_gone, running_idx, running_X)``, as `JobTrace.checkpoint_events`."""
+"""``(k, t, newly_finished, newly_gone, running_idx, running_X)``: checkpoint ``k`` at ``t``, the tasks
+whose run finished (or ended otherwise) since the previous checkpoint, in task order, and the tasks
+running at ``t`` with their features: exactly what a streaming consumer learns between two
+checkpoint boundaries."""
+
+
+def relaunch_latencies(job_latencies: FloatArray, n_tasks: int, job_id: str, seed: int) -> FloatArray:
+    """One new-run latency per task, sampled from the job's latencies (fixed per job, task and seed), so
+    every method faces the same luck and two runs of the evaluation agree."""
+    rng = np.random.default_rng([seed, zlib.crc32(job_id.encode())])
+    pool = job_latencies[np.isfinite(job_latencies)]
+    return rng.choice(pool, size=n_tasks, replace=True).astype(np.float64)
 
 
 class JobSimulation:
     """One job's tasks as commands change them: start, end, outcome and attempts of each task.
 
-    Without commands, `step` yields exactly what `JobTrace.checkpoint_events` yields (a test checks it):
-    a task runs at t when ``start <= t`` and it has not ended by t, and its end is announced at the first
-    checkpoint at or after it.
+    Without commands, `step` yields the trace as recorded (its ``running_index`` and ``running_features``;
+    a test checks it): a task runs at t when ``start <= t`` and it has not ended by t, and its end is
+    announced at the first checkpoint at or after it.
     """
 
     def __init__(self, trace: JobTrace, seed: int) -> None:
@@ -276,6 +291,16 @@ class JobOutcome:
         return (float(np.sum(self.machine_time_after)) - work) / work
 
     @property
+    def relaunch_waste(self) -> float:
+        """Run time of the attempts relaunches killed (each from its start to the restart), as a share of
+        the trace's own runs: the duplicate work the paper's Algorithms 2 and 3 pay for their gain."""
+        work = float(np.sum(self.end_before - self.start_before))
+        if not len(self.task_ids) or work <= 0:
+            return 0.0
+        killed = float(np.sum((self.start_after - self.start_before)[self.attempts > 0]))
+        return killed / work
+
+    @property
     def relaunched(self) -> int:
         return int(np.count_nonzero(self.attempts > 0))
 
@@ -318,16 +343,72 @@ def checkpoint_interval(trace: JobTrace, default: float) -> float:
     return float(np.diff(trace.checkpoints).min())
 
 
-def steps(sim: JobSimulation, interval: float) -> Iterator[CheckpointStep]:
-    """Walk ``sim``'s checkpoints, extending the grid whenever commands moved an end past it.
+def steps(sim: JobSimulation, interval: float | None) -> Iterator[CheckpointStep]:
+    """Walk ``sim``'s checkpoints, extending the grid by ``interval`` whenever commands moved an end past
+    it (``None``: the trace's own checkpoints only).
 
     The caller applies the commands of each step before asking for the next one."""
     k = 0
     while k < len(sim.checkpoints):
         t = sim.checkpoints[k]
         yield sim.step(k, t)
-        sim.extend(t, interval)
+        if interval is not None:
+            sim.extend(t, interval)
         k += 1
+
+
+def recorded_steps(trace: JobTrace) -> Iterator[CheckpointStep]:
+    """The trace as recorded, checkpoint by checkpoint: what a cluster that receives no command shows."""
+    return steps(JobSimulation(trace, seed=0), None)
+
+
+Verdicts = Callable[[CheckpointStep], Sequence[Decision]]
+"""The verdicts of one checkpoint, given its step (called once per step, in order)."""
+
+
+def run_policy(
+    sim: JobSimulation,
+    policy: MitigationPolicy,
+    verdicts: Verdicts,
+    interval: float | None,
+    *,
+    carry_out: bool = True,
+) -> tuple[list[Action], dict[str, int]]:
+    """Drive ``policy`` over ``sim``'s checkpoints as the mitigation consumer does, and carry out its
+    commands in the simulation; the grid is extended by ``interval`` as `steps` does.
+
+    At each checkpoint the policy hears the step's finishes, then its other ends (each by end time), then
+    the checkpoint's verdicts. Returns every distinct command the policy issued, in order (applied or
+    not, and none applied with ``carry_out=False``), and why commands were not carried out, with counts.
+    """
+    commands: list[Action] = []
+    ignored: dict[str, int] = {}
+    issued: set[str] = set()
+    job_id = sim.trace.job_id
+    task_ids = sim.trace.task_ids
+    for step in steps(sim, interval):
+        _, t, finished, gone, _, _ = step
+        decisions = verdicts(step)
+        for i in finish_order(sim, finished):  # in the stream's order: the finishes, then other ends
+            attempt, start = sim.finish_of(i)
+            policy.on_task_finished(
+                job_id, task_ids[i], float(sim.end[i]), float(sim.end[i] - start), attempt
+            )
+        for i in finish_order(sim, gone):
+            policy.on_task_gone(job_id, task_ids[i], float(sim.end[i]), int(sim.attempt[i]))
+        for action in policy.on_checkpoint(job_id, t, decisions):
+            identity = command_id(job_id, action.task_id, action.action, action.decision_key)
+            if identity in issued:
+                continue
+            issued.add(identity)
+            commands.append(action)
+            if not carry_out:
+                continue
+            reason = sim.apply(action.task_id, action.action, t, action.attempt)
+            if reason is not None:
+                ignored[reason] = ignored.get(reason, 0) + 1
+    policy.on_job_ended(job_id)
+    return commands, ignored
 
 
 def run_closed_loop(
@@ -345,34 +426,47 @@ def run_closed_loop(
     With ``carry_out=False`` the commands are recorded but the cluster ignores them: what an open-loop
     replay of the trace makes the pipeline issue."""
     sim = JobSimulation(trace, seed)
-    commands: list[Action] = []
-    ignored: dict[str, int] = {}
-    issued: set[str] = set()
-    job_id = trace.job_id
-    for step in steps(sim, interval):
-        _, t, finished, gone, _, _ = step
+
+    def verdicts(step: CheckpointStep) -> list[Decision]:
         observe_step(job.state, sim, step)
-        decisions = job.checkpoint(t)
-        for i in finish_order(sim, finished):  # in the stream's order: the finishes, then other ends
-            attempt, start = sim.finish_of(i)
-            policy.on_task_finished(
-                job_id, trace.task_ids[i], float(sim.end[i]), float(sim.end[i] - start), attempt
-            )
-        for i in finish_order(sim, gone):
-            policy.on_task_gone(job_id, trace.task_ids[i], float(sim.end[i]), int(sim.attempt[i]))
-        for action in policy.on_checkpoint(job_id, t, decisions):
-            identity = command_id(job_id, action.task_id, action.action, action.decision_key)
-            if identity in issued:
-                continue
-            issued.add(identity)
-            commands.append(action)
-            if not carry_out:
-                continue
-            reason = sim.apply(action.task_id, action.action, t, action.attempt)
-            if reason is not None:
-                ignored[reason] = ignored.get(reason, 0) + 1
-    policy.on_job_ended(job_id)
+        return job.checkpoint(step[1])
+
+    commands, ignored = run_policy(sim, policy, verdicts, interval, carry_out=carry_out)
     return ClosedLoopRun(sim.outcome(), commands, ignored)
+
+
+def relaunch_flagged(
+    trace: JobTrace, flag_time: FloatArray, seed: int, machines: int | None = None
+) -> JobOutcome:
+    """The paper's relaunch on open-loop flags (§5, §7.3): each scored task first flagged at
+    ``flag_time`` (NaN: never) is killed and restarted while it still runs, at once (``machines=None``,
+    Algorithm 2) or when one of ``machines`` spares is free (Algorithm 3: a restarted task holds one
+    until it finishes, flagged tasks wait in flag order), over the trace's own checkpoints.
+
+    The flags come from a replay of the trace as recorded, so a restart changes no later verdict (the
+    closed loop is `run_closed_loop`). `JobOutcome.relaunch_waste` is the price beside the gain: under
+    Algorithm 2 false positives look free in completion time, and that figure shows what they cost."""
+    policy: MitigationPolicy = Unlimited() if machines is None else Limited(machines)
+    sim = JobSimulation(trace, seed)
+    flags = np.where(trace.scored, flag_time, np.nan)
+    previous = -math.inf
+
+    def verdicts(step: CheckpointStep) -> list[Decision]:
+        nonlocal previous
+        t = step[1]
+        with np.errstate(invalid="ignore"):
+            now = np.flatnonzero((flags > previous) & (flags <= t) & ~sim.reported)
+        previous = t
+        return [_flagged(trace.job_id, trace.task_ids[i], t) for i in now.tolist()]
+
+    run_policy(sim, policy, verdicts, None)
+    return sim.outcome()
+
+
+def _flagged(job_id: str, task_id: str, at: float) -> Decision:
+    """A bare straggler verdict (the open-loop flags carry no estimate)."""
+    nan = math.nan
+    return Decision(job_id, task_id, at, nan, nan, nan, nan, nan, nan, True, 0)
 
 
 Chooser = Callable[[JobSimulation, float, IntArray], BoolArray]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from straggler.traces.jobtrace import JobTrace, checkpoint_grid
+from straggler.core.jobtrace import JobTrace, checkpoint_grid
 
 
 def make_job(

@@ -25,6 +25,7 @@ from straggler.core.admm import (
     standardiser_from_moments,
     straggler_labels,
 )
+from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData
 from straggler.core.partitioner import murmur2, partition_of
 from straggler.core.preprocessing import Standardiser
@@ -33,7 +34,6 @@ from straggler.evaluation import EvaluationConfig, evaluate, summarise
 from straggler.kafka.config import consumer_config, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import DEFAULT_PARTITIONS, create_topics
-from straggler.traces.jobtrace import JobTrace
 
 # Kafka's own test vectors for Utils.murmur2 (clients/src/test/.../UtilsTest.java), as signed ints.
 KAFKA_MURMUR2 = {

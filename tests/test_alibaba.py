@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from straggler.core.jobtrace import JobTrace
 from straggler.traces.alibaba2018 import FEATURE_NAMES, MACHINE_FEATURES, load_alibaba2018
-from straggler.traces.jobtrace import JobTrace
 from straggler.traces.loading import FORMATS, load_traces
 
 FIXTURE = Path(__file__).parent / "fixtures" / "alibaba-2018"

@@ -19,13 +19,13 @@ from straggler.core.baselines import (
     breslow_baseline,
     conditional_log_median,
 )
+from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.nurd import PRESETS as NURD_PRESETS
 from straggler.core.outliers import OUTLIER_DETECTORS
 from straggler.core.preprocessing import Standardiser, impute_like
 from straggler.core.registry import make_method
 from straggler.core.start import StartMethod
-from straggler.traces.jobtrace import JobTrace
 
 HAS_PYOD = importlib.util.find_spec("pyod") is not None
 needs_pyod = pytest.mark.skipif(

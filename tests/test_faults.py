@@ -54,6 +54,7 @@ from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, replay_decisions
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Reject, route
+from straggler.simulation import recorded_steps
 
 SIZES = Sizes(jobs=2, tasks=150, bad_events=450)
 """Small enough for a test run, large enough for stragglers (checked) and every kind of bad record."""
@@ -94,7 +95,7 @@ def test_an_online_job_fed_duplicates_and_late_events_decides_as_with_a_clean_st
     clean: list[tuple[str, tuple[object, ...]]] = []
     noisy: list[tuple[str, tuple[object, ...]]] = []
     last_running: dict[str, tuple[object, ...]] = {}
-    for _, t, finished, _, running, features in trace.checkpoint_events():
+    for _, t, finished, _, running, features in recorded_steps(trace):
         for i in finished.tolist():
             args = (trace.task_ids[i], trace.finish_features[i], float(trace.end[i] - trace.start[i]),
                     float(trace.end[i]))  # fmt: skip

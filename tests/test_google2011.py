@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.traces.google2011 import (
     EVICT,
     FAIL,
@@ -19,7 +20,6 @@ from straggler.traces.google2011 import (
     count_tasks,
     load_google2011,
 )
-from straggler.traces.jobtrace import JobTrace, checkpoint_grid
 from straggler.traces.online_features import FEATURE_NAMES, OnlineFeatureLog
 from straggler.traces.sample import extract_sample
 

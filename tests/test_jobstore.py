@@ -20,10 +20,10 @@ from pipeline import durability
 from pipeline.durability import complete_flush
 from pipeline.jobstore import JobStore, model_key, new_online_job
 from pipeline.model_codec import decode_model
+from straggler.core.jobtrace import JobTrace
 from straggler.core.nurd import make_nurd
 from straggler.core.online import Decision
-from straggler.core.online_replay import observe_interval
-from straggler.traces.jobtrace import JobTrace
+from straggler.simulation import JobSimulation, observe_step, steps
 from straggler.traces.synthetic import generate_jobs
 
 Tables = tuple[dict[bytes, bytes], dict[bytes, bytes], dict[bytes, bytes]]
@@ -53,10 +53,12 @@ def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobSto
     writes a batch of them) and yield before each checkpoint is evaluated."""
     store = store_over(tables)
     store.start(trace.job_id, trace.expected_tasks, list(trace.feature_names), live=False)
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
+    sim = JobSimulation(trace, seed=0)
+    for step in steps(sim, None):
+        t = step[1]
         job = store.job(trace.job_id)
         assert job is not None
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+        observe_step(job.state, sim, step)
         for task_id in job.state.tasks:
             store.put_task(job, task_id)
         store.write_changes(trace.job_id)  # one row per input record, as the agent writes a batch

@@ -24,12 +24,12 @@ from jobs_for_tests import make_job
 
 from pipeline.model_codec import FORMAT, ModelRecordError, decode_model, encode_model
 from straggler.core.admm import Admm
+from straggler.core.jobtrace import JobTrace
 from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
-from straggler.core.online_replay import observe_interval
 from straggler.core.registry import make_method, method_names
 from straggler.core.start import StartMethod
-from straggler.traces.jobtrace import JobTrace
+from straggler.simulation import JobSimulation, observe_step, steps
 
 FAST_PRESETS = {"nurd-paper", "nurd-nc", "gbtr"}
 
@@ -68,8 +68,10 @@ def run(name: str, trace: JobTrace, restore: bool) -> list[tuple[Any, ...]]:
         method.grant_labels(trace.finish_features[::3], trace.latency[::3] >= np.quantile(trace.latency, 0.9))
     decisions: list[tuple[Any, ...]] = []
     restores = decided_by_restored = 0
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+    sim = JobSimulation(trace, seed=0)
+    for step in steps(sim, None):
+        t = step[1]
+        observe_step(job.state, sim, step)
         version = job.model_version
         made = job.checkpoint(t)
         decisions += [comparable(d) for d in made]
@@ -98,8 +100,10 @@ def test_a_model_row_holds_no_pickle() -> None:
     method = fresh("nurd-warm")
     job = OnlineJob("j", method, 2, 90)
     trace = make_job(90, seed=5, slow_group=0.15)
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+    sim = JobSimulation(trace, seed=0)
+    for step in steps(sim, None):
+        t = step[1]
+        observe_step(job.state, sim, step)
         job.checkpoint(t)
     row = encode_model(job.method)
     with np.load(io.BytesIO(row), allow_pickle=False) as archive:
@@ -130,8 +134,10 @@ def fitted_row(name: str = "gbtr") -> bytes:
     method = make_method(name)
     job = OnlineJob("j", method, 2, 90)
     trace = make_job(90, seed=5)
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+    sim = JobSimulation(trace, seed=0)
+    for step in steps(sim, None):
+        t = step[1]
+        observe_step(job.state, sim, step)
         if job.checkpoint(t):
             break
     return encode_model(job.method)

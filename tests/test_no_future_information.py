@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 from jobs_for_tests import make_job
 
+from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.online import Decision
 from straggler.core.registry import make_method, method_names
 from straggler.core.start import StartMethod
 from straggler.evaluation import EvaluationConfig, Prototypes, replay_decisions
-from straggler.traces.jobtrace import JobTrace
 
 HAS_PYOD = importlib.util.find_spec("pyod") is not None
 OUTLIER_PREFIX = "od-"

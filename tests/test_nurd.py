@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from jobs_for_tests import make_job
 
+from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData
 from straggler.core.nurd import (
     PRESETS,
@@ -15,9 +16,8 @@ from straggler.core.nurd import (
     mostly_right,
 )
 from straggler.core.online import OnlineJob
-from straggler.core.online_replay import observe_interval
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
-from straggler.traces.jobtrace import JobTrace
+from straggler.simulation import JobSimulation, observe_step, steps
 
 
 def _checkpoint(n_fin: int = 20, n_run: int = 480, signal: float = 1.0, seed: int = 0) -> CheckpointData:
@@ -152,8 +152,10 @@ def _fits_and_final_method(
     monkeypatch.setattr(Nurd, "_regressor", counting)
     method = make_nurd(preset)
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+    sim = JobSimulation(trace, seed=0)
+    for step in steps(sim, None):
+        t = step[1]
+        observe_step(job.state, sim, step)
         job.checkpoint(t)
     monkeypatch.undo()
     return built, job.model_version, method
@@ -225,8 +227,10 @@ def test_a_calibrator_acts_only_once_the_flags_of_its_predecessors_proved_mostly
     method = make_nurd("nurd")
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
     history = []
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+    sim = JobSimulation(trace, seed=0)
+    for step in steps(sim, None):
+        t = step[1]
+        observe_step(job.state, sim, step)
         version = job.model_version
         decisions = job.checkpoint(t)
         if job.model_version != version:

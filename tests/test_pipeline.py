@@ -19,6 +19,7 @@ from jobs_for_tests import make_job
 from producers.replayer import TraceReplayer
 from producers.telemetry import TelemetryProducer
 from schemas import CheckpointEvaluated, DeadLetter, Prediction, RelaunchCommand, command_id, decode_each
+from straggler.core.jobtrace import JobTrace
 from straggler.core.policies import Unlimited
 from straggler.evaluation import EvaluationConfig, replay_decisions
 from straggler.kafka.config import producer_config
@@ -26,7 +27,6 @@ from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process, read_topic
 from straggler.traces.google2011 import load_google2011
-from straggler.traces.jobtrace import JobTrace
 
 pytestmark = pytest.mark.broker
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "google-2011-sample"

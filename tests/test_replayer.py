@@ -7,7 +7,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,13 +33,12 @@ from schemas import (
     decode_each,
     encode,
 )
+from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.core.partitioner import partition_of
-from straggler.core.scheduling import relaunch_latencies
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
-from straggler.simulation import JobSimulation
-from straggler.traces.jobtrace import JobTrace, checkpoint_grid
+from straggler.simulation import CheckpointStep, JobSimulation, relaunch_latencies
 from straggler.traces.synthetic import generate_jobs
 
 PARTITIONS = 4
@@ -129,11 +128,27 @@ def job_with_unscored_tasks(job_id: str) -> JobTrace:
     return trace
 
 
+def as_recorded(trace: JobTrace) -> Iterator[CheckpointStep]:
+    """The trace's own record, checkpoint by checkpoint: the ends in (t_{k-1}, t_k], finished or not, and
+    the trace's running tasks and features at t_k."""
+    previous = -np.inf
+    ended = np.isfinite(trace.end)
+    for k, t in enumerate(trace.checkpoints):
+        with np.errstate(invalid="ignore"):
+            in_window = ended & (trace.end > previous) & (trace.end <= t)
+        previous = t
+        finished, gone = (
+            np.flatnonzero(in_window & trace.finished),
+            np.flatnonzero(in_window & ~trace.finished),
+        )
+        yield k, float(t), finished, gone, trace.running_index[k], trace.running_features[k]
+
+
 def test_simulation_without_commands_is_the_trace() -> None:
     traces = [make_job(40, seed=1), job_with_unscored_tasks("job-u"), *generate_jobs(1, seed=0, min_tasks=60)]
     for trace in traces:
         sim = JobSimulation(trace, seed=0)
-        for expected, t in zip(trace.checkpoint_events(), trace.checkpoints, strict=True):
+        for expected, t in zip(as_recorded(trace), trace.checkpoints, strict=True):
             k, _, finished, gone, running, features = expected
             _, t_sim, finished_sim, gone_sim, running_sim, features_sim = sim.step(k, float(t))
             order = np.argsort(running, kind="stable")
@@ -228,7 +243,7 @@ def check_protocol(trace: JobTrace, records: list[Record], topics: TopicNames) -
     assert len(boundaries) == len(trace.checkpoints)
     previous = -np.inf
     for (k, t, finished, gone, running, features), boundary, segment in zip(
-        trace.checkpoint_events(), boundaries, segments, strict=True
+        as_recorded(trace), boundaries, segments, strict=True
     ):
         assert (boundary.checkpoint_index, boundary.checkpoint_time) == (k, t)
         ranks = [STATUS_RANK[e.status] for e in segment]

@@ -18,8 +18,8 @@ from matplotlib.patches import Rectangle
 
 from straggler import report
 from straggler.core.arrays import FloatArray
+from straggler.core.jobtrace import JobTrace
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times, summarise
-from straggler.traces.jobtrace import JobTrace
 
 METHODS = ("reactive", "tobit")
 CONFIG = EvaluationConfig(methods=METHODS, machine_counts=(5, 50), policies=("relaunch", "speculate"))

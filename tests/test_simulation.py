@@ -1,5 +1,5 @@
-"""The cluster simulation's speculative copies, kills and machine-time accounting, and the closed loop
-offline (no broker)."""
+"""The cluster simulation's speculative copies, kills, relaunches and machine-time accounting, and
+the closed loop offline (no broker)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,18 @@ import numpy as np
 import pytest
 from jobs_for_tests import make_job
 
+from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.core.policy_spec import make_policy
 from straggler.evaluation import EvaluationConfig, online_job
-from straggler.simulation import JobSimulation, checkpoint_interval, limit_outcome, run_closed_loop, steps
-from straggler.traces.jobtrace import JobTrace
+from straggler.simulation import (
+    JobSimulation,
+    checkpoint_interval,
+    limit_outcome,
+    relaunch_flagged,
+    relaunch_latencies,
+    run_closed_loop,
+    steps,
+)
 
 
 def _first_running(sim: JobSimulation, trace: JobTrace) -> tuple[float, np.ndarray]:
@@ -146,3 +154,73 @@ def test_a_copy_carries_the_task_when_the_original_fails_first() -> None:
     assert sim.apply(failing.task_ids[i], "duplicate", t0, 0) is None
     assert sim.finished[i] and sim.end[i] == t0 + draw and sim.finish_of(i) == (1, t0)
     assert sim.loser_attempt(i) == 0
+
+
+def _job(end: list[float], job_id: str, interval: float = 10.0) -> JobTrace:
+    """Tasks started at 0 and ending at ``end``, one constant feature, a checkpoint every ``interval``."""
+    n = len(end)
+    start, ends = np.zeros(n), np.asarray(end, dtype=np.float64)
+    checkpoints = checkpoint_grid(0.0, float(ends.max()), interval)
+    index = [np.flatnonzero((start <= t) & (t < ends)).astype(np.int64) for t in checkpoints]
+    return JobTrace(
+        job_id=job_id,
+        task_ids=[f"t{i}" for i in range(n)],
+        machine_ids=["m"] * n,
+        start=start,
+        end=ends,
+        finished=np.ones(n, dtype=bool),
+        feature_names=("x",),
+        checkpoints=checkpoints,
+        running_index=index,
+        running_features=[np.zeros((len(idx), 1)) for idx in index],
+        finish_features=np.zeros((n, 1)),
+    )
+
+
+def test_unlimited_relaunch_shortens_the_job_and_counts_wasted_work() -> None:
+    trace = _job([10.0] * 20 + [100.0], "job-u")
+    flag = np.full(trace.n_tasks, np.nan)
+    flag[20] = 20.0
+    assert JobSimulation(trace, seed=0).new_latency(20) == 10.0, "the seed draws a short new run"
+    result = relaunch_flagged(trace, flag, seed=0)
+    assert result.jct_before == 100.0 and result.jct_after == 30.0 and result.relaunched == 1
+    assert abs(result.reduction - 0.7) < 1e-12
+    assert abs(result.relaunch_waste - 20.0 / 300.0) < 1e-12
+
+
+def test_limited_machines_make_stragglers_wait() -> None:
+    trace = _job([100.0] * 3 + [5.0] * 27, "job-l")
+    flag = np.full(trace.n_tasks, np.nan)
+    flag[:3] = 10.0
+    sim = JobSimulation(trace, seed=3)
+    assert [sim.new_latency(i) for i in range(3)] == [5.0] * 3, "the seed draws short new runs"
+    one = relaunch_flagged(trace, flag, seed=3, machines=1)
+    # one spare: relaunched at 10 (done 15), 20 (done 25), 30 (done 35)
+    assert one.jct_after == 35.0 and one.relaunched == 3
+    assert abs(one.relaunch_waste - (10.0 + 20.0 + 30.0) / 435.0) < 1e-12
+    unlimited = relaunch_flagged(trace, flag, seed=3)
+    assert unlimited.jct_after == 15.0
+
+
+def test_relaunch_draws_are_reproducible_per_job() -> None:
+    pool = np.arange(1.0, 100.0)
+    a = relaunch_latencies(pool, 50, "job-a", seed=3)
+    assert np.array_equal(a, relaunch_latencies(pool, 50, "job-a", seed=3))
+    assert not np.array_equal(a, relaunch_latencies(pool, 50, "job-b", seed=3))
+    assert set(a) <= set(pool)
+
+
+@pytest.mark.parametrize("method", ["nurd", "reactive"])
+def test_the_cores_recorded_replay_decides_as_the_simulation_with_no_command(method: str) -> None:
+    """START trains on `straggler.core.online_replay` (the core may not import the simulation); it must
+    show a job exactly what the evaluator's `JobSimulation` shows it when no command arrives."""
+    from straggler.core.online_replay import replay_trace
+    from straggler.evaluation import replay_decisions
+    from straggler.traces.synthetic import generate_jobs
+
+    config = EvaluationConfig(methods=(method,), threshold="online")
+    for trace in generate_jobs(3, seed=4, min_tasks=150, max_tasks=300):
+        expected = [repr(ds) for ds in replay_decisions(trace, method, config)]
+        got = [repr(ds) for ds in replay_trace(online_job(trace, method, config), trace)]
+        assert got == expected, trace.job_id
+        assert sum(d.is_straggler for ds in replay_decisions(trace, method, config) for d in ds) > 0

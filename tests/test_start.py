@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jobs_for_tests import make_job
 
+from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.core.method import CheckpointData
 from straggler.core.registry import make_method
 from straggler.core.start import (
@@ -27,7 +28,6 @@ from straggler.core.start import (
     training_sequence,
 )
 from straggler.evaluation import EvaluationConfig, replay_decisions
-from straggler.traces.jobtrace import JobTrace, checkpoint_grid
 
 # Tests marked `torch` train START or run its PyTorch network; tests/conftest.py skips them when
 # PyTorch is missing. Run them with: pip install -e '.[start]' && pytest -m torch

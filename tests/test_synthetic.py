@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from straggler.traces.jobtrace import JobTrace
+from straggler.core.jobtrace import JobTrace
 from straggler.traces.synthetic import (
     FEATURE_NAMES,
     SimulatedJob,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from straggler.traces.jobtrace import JobTrace
+from straggler.core.jobtrace import JobTrace
 from straggler.traces.usage import (
     FEATURE_NAMES,
     TASK_USAGE_COLUMNS,

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from straggler.traces.jobtrace import JobTrace
+from straggler.core.jobtrace import JobTrace
 from straggler.traces.synthetic import USAGE_FEATURES as SYNTHETIC_USAGE_FEATURES
 from straggler.traces.synthetic import SimulatedJob, SyntheticConfig, iter_simulated_jobs
 from straggler.traces.usage import FEATURE_NAMES, load_google2011_usage

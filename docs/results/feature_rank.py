@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
-from straggler.traces.jobtrace import JobTrace
+from straggler.core.jobtrace import JobTrace
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 

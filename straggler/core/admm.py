@@ -24,7 +24,7 @@ from straggler.core.preprocessing import Standardiser
 from straggler.core.state import STANDARDISER, StateCodec
 
 if TYPE_CHECKING:
-    from straggler.traces.jobtrace import JobTrace
+    from straggler.core.jobtrace import JobTrace
 
 #: A finished task is a straggler when its latency exceeds this multiple of its job's median
 #: (the paper's beta, "1.3 as a rule of thumb", after Yadwadkar et al.).

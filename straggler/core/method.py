@@ -22,7 +22,7 @@ from straggler.core.state import State, StateCodec, dump_attributes, load_attrib
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from straggler.traces.jobtrace import JobTrace
+    from straggler.core.jobtrace import JobTrace
 
 
 @dataclass(frozen=True)

@@ -1,48 +1,41 @@
-"""A recorded job (`JobTrace`) fed to an `OnlineJob` event by event, as the stream delivers it.
+"""A complete recorded job (`JobTrace`) fed to an `OnlineJob` checkpoint by checkpoint, as recorded.
 
-The evaluator (`straggler.evaluation.replay_decisions`) and START's training (the summaries a job shows
-online) both drive jobs through it, so both see exactly what the Faust agent sees.
+START's training (`straggler.core.start.training_sequence`) needs the summaries a job shows online,
+and the core may not import the cluster simulation, so this is the recorded run's view alone: the
+finishes and other ends of each interval, then the running tasks' snapshots, in the replayer's order.
+`straggler.simulation.JobSimulation` is the one stepping of a cluster that obeys commands; with no
+command it shows the same (`tests/test_simulation.py` checks that both give the same decisions).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import NDArray
 
-from straggler.core.jobstate import FloatArray, JobState
+from straggler.core.jobtrace import JobTrace
 from straggler.core.online import Decision, OnlineJob
-
-if TYPE_CHECKING:
-    from straggler.traces.jobtrace import JobTrace
-
-IntArray = NDArray[np.int64]
 
 
 def replay_trace(job: OnlineJob, trace: JobTrace) -> Iterator[list[Decision]]:
-    """Feed ``trace`` to ``job`` event by event, as the stream does; yield per-checkpoint verdicts."""
-    for _k, t, finished, gone, running, features in trace.checkpoint_events():
-        observe_interval(job.state, trace, t, finished, gone, running, features)
+    """Feed ``trace`` to ``job`` as the stream delivers it; yield the verdicts of each checkpoint."""
+    ids, state = trace.task_ids, job.state
+    ended = np.isfinite(trace.end)
+    previous = -np.inf
+    for k, t in enumerate(trace.checkpoints.tolist()):
+        with np.errstate(invalid="ignore"):
+            window = ended & (trace.end > previous) & (trace.end <= t)
+        previous = t
+        for i in _by_end(trace, np.flatnonzero(window & trace.finished)):
+            latency = trace.end[i] - trace.start[i]
+            state.observe_finished(ids[i], trace.finish_features[i], latency, trace.end[i])
+        for i in _by_end(trace, np.flatnonzero(window & ~trace.finished)):
+            state.observe_gone(ids[i], trace.end[i])
+        for row, i in enumerate(trace.running_index[k].tolist()):
+            state.observe_running(ids[i], trace.running_features[k][row], trace.start[i], t)
         yield job.checkpoint(t)
 
 
-def observe_interval(
-    state: JobState,
-    trace: JobTrace,
-    t: float,
-    finished: IntArray,
-    gone: IntArray,
-    running: IntArray,
-    features: FloatArray,
-) -> None:
-    """Apply to ``state`` what the stream delivers up to checkpoint ``t`` (one `checkpoint_events`
-    step), in the replayer's order: finishes, other ends, then the running tasks' snapshots."""
-    ids = trace.task_ids
-    for i in finished:  # end - start is `trace.latency`, without building that array every checkpoint
-        state.observe_finished(ids[i], trace.finish_features[i], trace.end[i] - trace.start[i], trace.end[i])
-    for i in gone:
-        state.observe_gone(ids[i], trace.end[i])
-    for row, i in enumerate(running):
-        state.observe_running(ids[i], features[row], trace.start[i], t)
+def _by_end(trace: JobTrace, tasks: np.ndarray) -> list[int]:
+    """The order the replayer publishes ends in: by end time, stable."""
+    return [int(i) for i in tasks[np.argsort(trace.end[tasks], kind="stable")]]

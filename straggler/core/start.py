@@ -25,7 +25,7 @@ from straggler.core.online import OnlineJob
 from straggler.core.online_replay import replay_trace
 
 if TYPE_CHECKING:
-    from straggler.traces.jobtrace import JobTrace
+    from straggler.core.jobtrace import JobTrace
 
 K_FACTOR = 1.5
 """The paper's straggler parameter k: a straggler takes more than k times the mean latency."""

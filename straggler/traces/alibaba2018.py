@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from straggler.core.arrays import BoolArray, FloatArray
-from straggler.traces.jobtrace import JobTrace
+from straggler.core.jobtrace import JobTrace
 from straggler.traces.usage import UsageWindows, assemble_job_trace
 
 BATCH_TASK_COLUMNS: tuple[str, ...] = (

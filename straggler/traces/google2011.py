@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from straggler.core.arrays import BoolArray, FloatArray, IntArray
-from straggler.traces.jobtrace import JobTrace, checkpoint_grid
+from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.traces.online_features import FEATURE_NAMES, OnlineFeatureLog, OnlineFeatures
 
 SUBMIT, SCHEDULE, EVICT, FAIL, FINISH, KILL, LOST, UPDATE_PENDING, UPDATE_RUNNING = range(9)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from straggler.traces.jobtrace import JobTrace
+from straggler.core.jobtrace import JobTrace
 
 TraceFormat = Literal["google-2011", "google-2011-usage", "alibaba-2018", "synthetic"]
 FORMATS: tuple[TraceFormat, ...] = ("google-2011", "google-2011-usage", "alibaba-2018", "synthetic")

@@ -18,7 +18,7 @@ import numpy as np
 from scipy.signal import lfilter
 
 from straggler.core.arrays import FloatArray, IntArray
-from straggler.traces.jobtrace import JobTrace
+from straggler.core.jobtrace import JobTrace
 from straggler.traces.usage import UsageWindows, assemble_job_trace, features_at
 
 USAGE_FEATURES: tuple[str, ...] = (

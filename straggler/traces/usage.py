@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from straggler.traces.jobtrace import (
+from straggler.core.jobtrace import (
     BoolArray,
     FloatArray,
     IntArray,

@@ -35,6 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from straggler.core.arrays import BoolArray, IntArray
+from straggler.core.jobtrace import JobTrace
 from straggler.core.online import Decision
 from straggler.core.policies import Action, MitigationPolicy
 from straggler.core.speculation import Speculate
@@ -48,7 +49,6 @@ from straggler.simulation import (
     limit_outcome,
     run_closed_loop,
 )
-from straggler.traces.jobtrace import JobTrace
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 ELAPSED_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -2,7 +2,9 @@
 
 Every loader (Google 2011 task events, Google 2011 task usage, the synthetic generator) returns
 `JobTrace` objects, so the protocol, the metrics and the streaming replay never depend on where a
-trace came from.
+trace came from. The type lives in the core because the cross-job methods train on complete jobs
+(`StragglerMethod.fit_population`); walking a job's checkpoints is the simulation's
+(`straggler.simulation`).
 
 Honesty contract, which every loader must keep:
 - ``running_features[k]`` holds, for the tasks running at ``checkpoints[k]``, features computed
@@ -15,7 +17,7 @@ Honesty contract, which every loader must keep:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -116,27 +118,3 @@ class JobTrace:
         ok = self.scored
         out[ok] = self.end[ok] - self.start[ok]
         return out
-
-    def checkpoint_events(
-        self,
-    ) -> Iterator[tuple[int, float, IntArray, IntArray, IntArray, FloatArray]]:
-        """Walk the checkpoints in order: ``(k, t, newly_finished, newly_gone, running_idx, running_X)``.
-
-        ``newly_finished`` are the tasks whose FINISH falls in (t_{k-1}, t_k], ``newly_gone`` those whose
-        run ended otherwise in that interval: exactly what a streaming consumer learns between two
-        checkpoint boundaries, in the order the replayer publishes it.
-        """
-        previous = -np.inf
-        ended = np.isfinite(self.end)
-        for k, t in enumerate(self.checkpoints):
-            with np.errstate(invalid="ignore"):
-                in_window = ended & (self.end > previous) & (self.end <= t)
-            previous = t
-            yield (
-                k,
-                float(t),
-                np.flatnonzero(in_window & self.finished),
-                np.flatnonzero(in_window & ~self.finished),
-                self.running_index[k],
-                self.running_features[k],
-            )
