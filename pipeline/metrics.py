@@ -52,7 +52,9 @@ class WorkerMetrics:
         self.flags = Counter("straggler_worker_flags", "predictions that flag a straggler", registry=r)
         self.dead_letters = DeadLetterCounter("straggler_worker_dead_letters", r)
         self.jobs = Gauge("straggler_worker_jobs", "jobs tracked (rows of the jobs table)", registry=r)
-        self.jobs.set_function(lambda: float(jobs()))
+        self.count_jobs = jobs
+        """Read on the worker's event loop (`install_lag_sampler`), never from the scrape's thread: a
+        scrape that touched the Faust table before it started left the worker hanging on SIGTERM."""
         self.decision_latency = Histogram(
             "straggler_worker_decision_latency_seconds",
             "from a checkpoint boundary's produced_at to its predictions acknowledged by the broker",
@@ -105,10 +107,11 @@ async def input_lags(app: faust.App, topics: set[str]) -> dict[TopicPartition, i
 
 
 def install_lag_sampler(app: faust.App, metrics: WorkerMetrics, topics: set[str]) -> None:
-    """Sample the input lag on a Faust timer (every `LAG_SAMPLE_S`)."""
+    """Sample the input lag and the jobs held on a Faust timer (every `LAG_SAMPLE_S`)."""
 
     @app.timer(interval=LAG_SAMPLE_S, name="straggler-metrics-lag")
     async def sample_lag() -> None:
+        metrics.jobs.set(metrics.count_jobs())
         try:
             metrics.lag.update(await input_lags(app, topics))
         except Exception as error:  # the consumer is starting or rebalancing: try at the next tick

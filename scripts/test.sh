@@ -11,4 +11,10 @@ echo "== mypy"
 echo "== import contracts"
 .venv/bin/lint-imports
 echo "== pytest"
-.venv/bin/pytest "$@"
+# Two pytest-xdist workers (fewer on a one-core machine). Each worker is its own pytest session, so
+# each starts its own embedded broker (free ports, its own temporary data directory); a module whose
+# tests share one pipeline or broker is an xdist_group, kept on one worker by --dist loadgroup.
+# Arguments given here come last, so `-n 0` runs everything in this process.
+workers=$(nproc 2>/dev/null || echo 1)
+workers=$((workers < 2 ? workers : 2))
+.venv/bin/pytest -n "$workers" --dist loadgroup "$@"

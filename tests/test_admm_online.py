@@ -33,6 +33,8 @@ from straggler.kafka.topics import DEFAULT_PARTITIONS, create_topics
 from straggler.replay import child_process, read_topic
 
 N = DEFAULT_PARTITIONS
+CONVERGED = 1e-6
+"""How close the worker's consensus must come to `fit_consensus`'s fixed point (about 130 rounds)."""
 
 
 def _jobs() -> list:
@@ -113,7 +115,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
         "--bootstrap", kafka_bootstrap,
         "--topic-prefix", topics.prefix,
         "--method", "admm",
-        "--admm-interval", "0.25",
+        "--admm-interval", "0.1",
         "--partitions", str(N),
         "--datadir", str(tmp_path / "faust"),
     ]  # fmt: skip
@@ -124,15 +126,13 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
         assert result.delivery_failures == 0
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
-            time.sleep(2.0)
+            time.sleep(1.0)
             try:
                 records = [ConsensusRecord.decode(v) for v in read_topic(kafka_bootstrap, changelog) if v]
             except Exception:  # the worker has not created the changelog yet
                 continue
-            if len(records) >= 2:
-                last, before = records[-1], records[-2]
-                total = sum(d.n for d in raw)
-                if last.rows == total and float(np.max(np.abs(last.z - before.z))) < 1e-10:
+            if records and records[-1].rows == sum(d.n for d in raw):
+                if float(np.max(np.abs(records[-1].z - z_ref))) <= CONVERGED:
                     break
         elapsed = time.monotonic() - started
         markers = [e for v in read_topic(kafka_bootstrap, topics.predictions) for e in decode_each(v)]
@@ -143,7 +143,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
           f"{float(np.max(np.abs(final.z - z_ref))):.2e}")  # fmt: skip
     assert final.rows == sum(d.n for d in raw)
     np.testing.assert_allclose(final.moments, pooled, rtol=1e-12, atol=1e-9)
-    np.testing.assert_allclose(final.z, z_ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(final.z, z_ref, rtol=0, atol=CONVERGED)
     sent = [m for m in messages if m is not None]
     assert {m.node for m in sent} == set(range(N)), "every node's messages went over the exchange topic"
     with_rows = {m.node for m in sent if m.round == final.round}

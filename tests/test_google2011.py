@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 from pathlib import Path
@@ -17,6 +18,7 @@ from straggler.traces.google2011 import (
     KILL,
     SCHEDULE,
     SUBMIT,
+    TraceCounts,
     count_tasks,
     load_google2011,
 )
@@ -349,11 +351,18 @@ needs_shared = pytest.mark.skipif(
 )
 
 
+@functools.cache
+def _shared_counts() -> TraceCounts:
+    """The shared window's totals, counted once for both tests (an xdist group: one worker runs both)."""
+    return count_tasks(SHARED_TRACE)
+
+
 @pytest.mark.shared
 @pytest.mark.slow
+@pytest.mark.xdist_group("shared-google2011")
 @needs_shared
 def test_shared_window_matches_published_counts() -> None:
-    counts = count_tasks(SHARED_TRACE)
+    counts = _shared_counts()
     assert (counts.events, counts.jobs, counts.tasks) == (2_609_335, 19_146, 614_019)
     assert counts.finished_tasks == 311_896
     assert [counts.jobs_with_finished(n) for n in (100, 200, 500, 1000)] == [488, 239, 128, 62]
@@ -364,9 +373,10 @@ def test_shared_window_matches_published_counts() -> None:
 
 @pytest.mark.shared
 @pytest.mark.slow
+@pytest.mark.xdist_group("shared-google2011")
 @needs_shared
 def test_shared_window_loads_with_features() -> None:
     traces = load_google2011(SHARED_TRACE)
-    assert len(traces) == count_tasks(SHARED_TRACE).jobs_with_scored(100)
+    assert len(traces) == _shared_counts().jobs_with_scored(100)
     for trace in traces:
         _check_trace(trace)

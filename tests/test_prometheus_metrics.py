@@ -267,6 +267,7 @@ def test_worker_and_mitigator_metrics_after_a_replay(kafka_bootstrap: str, tmp_p
                 and bool(m.get("straggler_mitigator_consumer_lag"))
                 and _total(m, "straggler_mitigator_consumer_lag") == 0
                 and _total(m, "straggler_mitigator_jobs") >= 1
+                and _total(w, "straggler_worker_jobs") >= 1  # sampled on the worker's loop, each second
             )
             return done, (w, m, outputs, records)
 

@@ -39,7 +39,7 @@ from straggler.kafka.smoke import smoke_check
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process, read_topic
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("secured-cluster")]  # one secured broker
 ALICE = ("alice", "alice-secret")  # a PLAIN user
 BOB = ("bob", "bob-secret")  # a SCRAM user (SHA-256 and SHA-512)
 
