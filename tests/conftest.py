@@ -72,7 +72,8 @@ def _docker_answers() -> bool:
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    """The bootstrap address of the session's broker."""
+    """The bootstrap address of the session's broker (under pytest-xdist each worker is a session, so
+    each starts its own embedded broker: free ports, its own temporary data directory)."""
     from_env = os.environ.get(BOOTSTRAP_ENV)
     if from_env:
         yield from_env

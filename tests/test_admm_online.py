@@ -131,9 +131,9 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
                 records = [ConsensusRecord.decode(v) for v in read_topic(kafka_bootstrap, changelog) if v]
             except Exception:  # the worker has not created the changelog yet
                 continue
-            if records and records[-1].rows == sum(d.n for d in raw):
-                if float(np.max(np.abs(records[-1].z - z_ref))) <= CONVERGED:
-                    break
+            last = records[-1] if records else None
+            if last and last.rows == sum(d.n for d in raw) and np.max(np.abs(last.z - z_ref)) <= CONVERGED:
+                break
         elapsed = time.monotonic() - started
         markers = [e for v in read_topic(kafka_bootstrap, topics.predictions) for e in decode_each(v)]
         messages = [RoundMessage.decode(v) for v in read_topic(kafka_bootstrap, topics.admm_online_exchange)]

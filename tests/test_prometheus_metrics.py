@@ -91,6 +91,18 @@ def test_the_lag_gauge_forgets_partitions_that_moved_away() -> None:
     assert isinstance(metrics.lag, LagGauge)
 
 
+def test_a_scrape_never_reads_the_workers_jobs_table() -> None:
+    """The scrape runs on the HTTP server's thread; the jobs table (Faust's) is counted on the worker's
+    loop, by the lag sampler. A scrape that touched the table as the worker started left the worker
+    hanging on SIGTERM."""
+
+    def jobs() -> int:
+        raise AssertionError("the scrape counted the jobs table")
+
+    metrics = WorkerMetrics(AgentStats(), jobs=jobs)
+    assert _samples(metrics.registry)["straggler_worker_jobs"] == {(): 0.0}  # until the first tick
+
+
 def test_the_mitigator_counts_committed_commands_by_action_and_letters_by_kind() -> None:
     consumer = MitigationConsumer("localhost:1", "unlimited")
     command = RelaunchCommand(
