@@ -186,14 +186,23 @@ class _PULearner(_FallsBack):
         "model_": linear_model(LogisticRegression),
     }
 
-    def _scaled_classes(self, data: CheckpointData) -> tuple[FloatArray, FloatArray] | None:
-        """Both classes scaled with what the checkpoint shows; None (``fallback_``) with fewer than 2
-        finished tasks or nothing running to contrast with."""
+    random_state: int
+
+    def fit(self, data: CheckpointData) -> Self:
+        """Scale both classes with what the checkpoint shows, then learn from them (`_fit_classes`);
+        with fewer than 2 finished tasks or nothing running to contrast with, ``fallback_``."""
         self.fallback_ = data.n_finished < 2 or data.n_running == 0
         if self.fallback_:
-            return None
+            return self
         self.scaler_ = Standardiser.learn(data.X_finished, np.vstack([data.X_finished, data.X_running]))
-        return self.scaler_.transform(data.X_finished), self.scaler_.transform(data.X_running)
+        Z_fin, Z_run = self.scaler_.transform(data.X_finished), self.scaler_.transform(data.X_running)
+        self._fit_classes(data, Z_fin, Z_run, np.random.default_rng(self.random_state))
+        return self
+
+    def _fit_classes(
+        self, data: CheckpointData, Z_fin: FloatArray, Z_run: FloatArray, rng: np.random.Generator
+    ) -> None:
+        raise NotImplementedError
 
 
 class PUElkanNoto(_PULearner):
@@ -216,13 +225,10 @@ class PUElkanNoto(_PULearner):
         self.C = C
         self.random_state = random_state
 
-    def fit(self, data: CheckpointData) -> Self:
-        classes = self._scaled_classes(data)
-        if classes is None:
-            return self
-        Z_fin, Z_run = classes
+    def _fit_classes(
+        self, data: CheckpointData, Z_fin: FloatArray, Z_run: FloatArray, rng: np.random.Generator
+    ) -> None:
         n_fin, n_run = len(Z_fin), len(Z_run)
-        rng = np.random.default_rng(self.random_state)
         n_hold = min(max(1, round(self.hold_out_ratio * n_fin)), n_fin - 1)
         order = rng.permutation(n_fin)
         held, kept = order[:n_hold], order[n_hold:]
@@ -230,7 +236,6 @@ class PUElkanNoto(_PULearner):
         s_train = np.concatenate([np.ones(len(kept), dtype=int), np.zeros(n_run, dtype=int)])
         self.model_: Any = _quiet_fit(LogisticRegression(C=self.C, max_iter=1000), X_train, s_train)
         self.c_ = max(float(self.model_.predict_proba(Z_fin[held])[:, 1].mean()), 1e-12)
-        return self
 
     def predict(self, data: CheckpointData) -> Scores:
         if self._left_to_reactive(data):
@@ -273,13 +278,10 @@ class PUBagging(_PULearner):
         self.max_features = max_features
         self.random_state = random_state
 
-    def fit(self, data: CheckpointData) -> Self:
-        classes = self._scaled_classes(data)
-        if classes is None:
-            return self
-        Z_fin, Z_run = classes
+    def _fit_classes(
+        self, data: CheckpointData, Z_fin: FloatArray, Z_run: FloatArray, rng: np.random.Generator
+    ) -> None:
         n_fin, n_run = len(Z_fin), len(Z_run)
-        rng = np.random.default_rng(self.random_state)
         sample_size = min(n_fin, n_run)
         self.trees_: list[Any] = []
         oob_sum = np.zeros(n_run)
@@ -305,7 +307,6 @@ class PUBagging(_PULearner):
             oob_sum, oob_count, out=np.full(n_run, np.nan), where=oob_count > 0
         )
         self.fit_key_ = _running_key(data)
-        return self
 
     def predict(self, data: CheckpointData) -> Scores:
         if self._left_to_reactive(data):
