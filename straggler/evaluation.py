@@ -29,17 +29,15 @@ from straggler.core.jobtrace import JobTrace
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
+from straggler.core.online_replay import replay_trace
 from straggler.core.policy_spec import make_policy
 from straggler.core.registry import make_method
 from straggler.core.threshold import oracle_threshold
 from straggler.simulation import (
-    JobSimulation,
     checkpoint_interval,
     limit_outcome,
-    observe_step,
     relaunch_flagged,
     run_closed_loop,
-    steps,
 )
 
 ThresholdMode = Literal["oracle", "online"]
@@ -123,11 +121,7 @@ def replay_decisions(
     trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
 ) -> Iterator[list[Decision]]:
     """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
-    job = online_job(trace, method_name, config, prototypes)
-    sim = JobSimulation(trace, config.seed)  # no command reaches it: the trace as recorded
-    for step in steps(sim, None):
-        observe_step(job.state, sim, step)
-        yield job.checkpoint(step[1])
+    yield from replay_trace(online_job(trace, method_name, config, prototypes), trace)
 
 
 def flag_times(

@@ -16,6 +16,7 @@ from straggler.simulation import (
     JobSimulation,
     checkpoint_interval,
     limit_outcome,
+    observe_step,
     relaunch_flagged,
     relaunch_latencies,
     run_closed_loop,
@@ -212,15 +213,20 @@ def test_relaunch_draws_are_reproducible_per_job() -> None:
 
 @pytest.mark.parametrize("method", ["nurd", "reactive"])
 def test_the_cores_recorded_replay_decides_as_the_simulation_with_no_command(method: str) -> None:
-    """START trains on `straggler.core.online_replay` (the core may not import the simulation); it must
-    show a job exactly what the evaluator's `JobSimulation` shows it when no command arrives."""
+    """The evaluator and START replay recorded jobs in the core (`straggler.core.online_replay`, which
+    may not import the simulation); it must show a job exactly what a `JobSimulation` that receives
+    no command shows it, step by step as the replayer publishes them."""
     from straggler.core.online_replay import replay_trace
-    from straggler.evaluation import replay_decisions
     from straggler.traces.synthetic import generate_jobs
 
     config = EvaluationConfig(methods=(method,), threshold="online")
     for trace in generate_jobs(3, seed=4, min_tasks=150, max_tasks=300):
-        expected = [repr(ds) for ds in replay_decisions(trace, method, config)]
+        job = online_job(trace, method, config)
+        sim = JobSimulation(trace, config.seed)
+        expected = []
+        for step in steps(sim, None):
+            observe_step(job.state, sim, step)
+            expected.append(repr(job.checkpoint(step[1])))
         got = [repr(ds) for ds in replay_trace(online_job(trace, method, config), trace)]
         assert got == expected, trace.job_id
-        assert sum(d.is_straggler for ds in replay_decisions(trace, method, config) for d in ds) > 0
+        assert "is_straggler=True" in "".join(expected)

@@ -1,8 +1,9 @@
 """A complete recorded job (`JobTrace`) fed to an `OnlineJob` checkpoint by checkpoint, as recorded.
 
-START's training (`straggler.core.start.training_sequence`) needs the summaries a job shows online,
-and the core may not import the cluster simulation, so this is the recorded run's view alone: the
-finishes and other ends of each interval, then the running tasks' snapshots, in the replayer's order.
+The one driver of a recorded job's decisions: the evaluator's (`straggler.evaluation.replay_decisions`)
+and START's training (`straggler.core.start.training_sequence`). The core may not import the cluster
+simulation, so this is the recorded run's view alone: the finishes and other ends of each interval,
+then the running tasks' snapshots, in the replayer's order.
 `straggler.simulation.JobSimulation` is the one stepping of a cluster that obeys commands; with no
 command it shows the same (`tests/test_simulation.py` checks that both give the same decisions).
 """
