@@ -315,6 +315,13 @@ def ids(commands: Sequence[RelaunchCommand]) -> list[str]:
     return [c.command_id for c in commands]
 
 
+def assert_committed_once(bootstrap: str, topics: TopicNames, expected: set[str]) -> None:
+    """Every command of ``expected`` is on the commands topic exactly once, and no other."""
+    union = committed_commands(bootstrap, topics)
+    assert len(union) == len(set(ids(union))), "a command was committed twice"
+    assert set(ids(union)) == expected
+
+
 # ---------------------------------------------------------------- the pure fold
 
 
@@ -552,9 +559,7 @@ def test_restarts_neither_lose_nor_repeat_commands(
     assert stats.rebuilt_records == consumed
     assert stats.consumed == total - consumed
 
-    union = committed_commands(kafka_bootstrap, topics)
-    assert len(union) == len(set(ids(union))), "a command was committed twice"
-    assert set(ids(union)) == set(ids(reference))
+    assert_committed_once(kafka_bootstrap, topics, set(ids(reference)))
 
 
 class _AbortsOnce(MitigationConsumer):
@@ -675,17 +680,49 @@ def _mitigate_command(bootstrap: str, policy: str, prefix: str) -> list[str]:
     ]
 
 
-def _start_then_wait_for_a_command(
-    bootstrap: str, topics: TopicNames, command: list[str], stream: Stream, head: int
-) -> subprocess.Popen[str]:
+@dataclass(frozen=True)
+class MidStream:
+    """A ``straggler mitigate`` process stopped mid-stream and started again on the same group."""
+
+    topics: TopicNames
+    stream: Stream
+    head: int
+    """Events produced before the stop (3/5 of the stream)."""
+    expected: set[str]
+    """Ids of the commands the policy issues offline for the whole stream."""
+    command: list[str]
+
+    @property
+    def before_stop(self) -> Stream:
+        return Stream(self.stream.events[: self.head])
+
+    @property
+    def after_stop(self) -> Stream:
+        return Stream(self.stream.events[self.head :])
+
+
+def _mid_stream(
+    bootstrap: str, prefix: str, policy: str, *, seed: int, size: int, extra: Sequence[str] = ()
+) -> MidStream:
+    """Fresh topics and a random stream of ``size`` jobs of ``size`` tasks; ``extra`` CLI arguments."""
+    topics = setup_topics(bootstrap, prefix)
+    stream = random_stream(seed=seed, jobs=size, tasks=size)
+    expected = set(ids(offline_commands(stream, policy, topics)))
+    command = [*_mitigate_command(bootstrap, policy, prefix), *extra]
+    return MidStream(topics, stream, len(stream.events) * 3 // 5, expected, command)
+
+
+def _start_then_wait_for_a_command(bootstrap: str, run: MidStream) -> subprocess.Popen[str]:
     """Produce the stream's first ``head`` events, start the CLI, return once a command is committed.
 
     The rest of the stream is produced only after the caller has stopped this instance, so the stop
     lands mid-stream whatever the machine's speed."""
-    produce_stream(bootstrap, topics, Stream(stream.events[:head]))
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    produce_stream(bootstrap, run.topics, run.before_stop)
+    process = subprocess.Popen(
+        run.command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
-    while not committed_commands(bootstrap, topics):
+    while not committed_commands(bootstrap, run.topics):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             _, err = process.communicate(timeout=30)
@@ -694,16 +731,18 @@ def _start_then_wait_for_a_command(
     return process
 
 
-def _resume(
-    bootstrap: str, topics: TopicNames, command: list[str], stream: Stream, head: int
-) -> dict[str, int]:
+def _resume(bootstrap: str, run: MidStream) -> dict[str, int]:
     """Produce the rest of the stream and run a new instance until its group has committed all the input
     (then SIGTERM: it commits and leaves); return its stats."""
-    produce_stream(bootstrap, topics, Stream(stream.events[head:]))
-    resumed = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    group = command[command.index("--group") + 1]
+    produce_stream(bootstrap, run.topics, run.after_stop)
+    resumed = subprocess.Popen(
+        run.command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    group = run.command[run.command.index("--group") + 1]
     try:
-        _wait_for(lambda: input_consumed(bootstrap, group, topics) or resumed.poll() is not None, "the input")
+        _wait_for(
+            lambda: input_consumed(bootstrap, group, run.topics) or resumed.poll() is not None, "the input"
+        )
     finally:
         resumed.send_signal(signal.SIGTERM)
         out, err = resumed.communicate(timeout=60)
@@ -718,22 +757,16 @@ def test_sigkill_mid_stream_then_restart_is_exactly_once(
     kafka_bootstrap: str, fresh_topic_prefix: str
 ) -> None:
     policy = "limited:3"
-    topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
-    stream = random_stream(seed=3, jobs=40, tasks=40)
-    head = len(stream.events) * 3 // 5
-    expected = set(ids(offline_commands(stream, policy, topics)))
-    assert set(ids(offline_commands(Stream(stream.events[:head]), policy, topics))) < expected
-    command = _mitigate_command(kafka_bootstrap, policy, fresh_topic_prefix)
+    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, policy, seed=3, size=40)
+    assert set(ids(offline_commands(run.before_stop, policy, run.topics))) < run.expected
 
-    first = _start_then_wait_for_a_command(kafka_bootstrap, topics, command, stream, head)
+    first = _start_then_wait_for_a_command(kafka_bootstrap, run)
     first.send_signal(signal.SIGKILL)  # most likely inside a transaction: the next instance aborts it
     first.communicate(timeout=30)
-    stats = _resume(kafka_bootstrap, topics, command, stream, head)
+    stats = _resume(kafka_bootstrap, run)
 
     assert stats["rebuilt_records"] > 0
-    union = committed_commands(kafka_bootstrap, topics)
-    assert len(union) == len(set(ids(union))), "a command was committed twice"
-    assert set(ids(union)) == expected
+    assert_committed_once(kafka_bootstrap, run.topics, run.expected)
 
 
 @pytest.mark.broker
@@ -741,26 +774,19 @@ def test_sigkill_mid_stream_then_restart_is_exactly_once(
 def test_sigterm_commits_and_leaves_then_a_restart_carries_on(
     kafka_bootstrap: str, fresh_topic_prefix: str
 ) -> None:
-    policy = "mantri"
-    topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
-    stream = random_stream(seed=4, jobs=30, tasks=30)
-    head = len(stream.events) * 3 // 5
-    expected = set(ids(offline_commands(stream, policy, topics)))
-    command = _mitigate_command(kafka_bootstrap, policy, fresh_topic_prefix)
+    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, "mantri", seed=4, size=30)
 
-    first = _start_then_wait_for_a_command(kafka_bootstrap, topics, command, stream, head)
+    first = _start_then_wait_for_a_command(kafka_bootstrap, run)
     first.send_signal(signal.SIGTERM)
     out, err = first.communicate(timeout=60)
     assert first.returncode == 0, err
     stopped = orjson.loads(out.strip().splitlines()[-1])
-    assert len(committed_commands(kafka_bootstrap, topics)) == stopped["commands"]
-    resumed = _resume(kafka_bootstrap, topics, command, stream, head)
+    assert len(committed_commands(kafka_bootstrap, run.topics)) == stopped["commands"]
+    resumed = _resume(kafka_bootstrap, run)
 
     assert resumed["rebuilt_records"] == stopped["consumed"]
-    assert stopped["consumed"] + resumed["consumed"] == len(stream.events)
-    union = committed_commands(kafka_bootstrap, topics)
-    assert len(union) == len(set(ids(union))), "a command was committed twice"
-    assert set(ids(union)) == expected
+    assert stopped["consumed"] + resumed["consumed"] == len(run.stream.events)
+    assert_committed_once(kafka_bootstrap, run.topics, run.expected)
 
 
 def _consumer_children(supervisor: int) -> set[int]:
@@ -807,23 +833,20 @@ def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
 ) -> None:
     """A consumer stuck inside a C call (as librdkafka's send_offsets_to_transaction after a broker
     restart) is alive but silent: SIGSTOP makes exactly that. The supervisor must replace it."""
-    policy = "unlimited"
-    topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
-    stream = random_stream(seed=5, jobs=30, tasks=30)
-    head = len(stream.events) * 3 // 5
-    expected = set(ids(offline_commands(stream, policy, topics)))
     port = _free_port()
-    command = [*_mitigate_command(kafka_bootstrap, policy, fresh_topic_prefix), "--stall-timeout", "10"]
-    command += ["--metrics-port", str(port)]
+    extra = ["--stall-timeout", "10", "--metrics-port", str(port)]
+    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, "unlimited", seed=5, size=30, extra=extra)
 
-    supervisor = _start_then_wait_for_a_command(kafka_bootstrap, topics, command, stream, head)
+    supervisor = _start_then_wait_for_a_command(kafka_bootstrap, run)
     try:
         (stuck,) = _consumer_children(supervisor.pid)
         os.kill(stuck, signal.SIGSTOP)
         _wait_for(lambda: _consumer_children(supervisor.pid) - {stuck} != set(), "a new consumer", 60)
         assert stuck not in _consumer_children(supervisor.pid), "the stuck consumer was not killed"
-        produce_stream(kafka_bootstrap, topics, Stream(stream.events[head:]))
-        _wait_for(lambda: set(ids(committed_commands(kafka_bootstrap, topics))) >= expected, "every command")
+        produce_stream(kafka_bootstrap, run.topics, run.after_stop)
+        _wait_for(
+            lambda: set(ids(committed_commands(kafka_bootstrap, run.topics))) >= run.expected, "every command"
+        )
         # the new consumer's endpoint carries on the supervisor's restart count
         _wait_for(lambda: _restarts_served(port) >= 1, "the restart on the metrics endpoint", 30)
         supervisor.send_signal(signal.SIGTERM)
@@ -834,9 +857,7 @@ def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
     assert supervisor.returncode == 0, err
     # at least the stuck one; a loaded machine may add a spurious restart, which is harmless by design
     assert orjson.loads(out.strip().splitlines()[-1])["watchdog_restarts"] >= 1
-    union = committed_commands(kafka_bootstrap, topics)
-    assert len(union) == len(set(ids(union))), "a command was committed twice"
-    assert set(ids(union)) == expected
+    assert_committed_once(kafka_bootstrap, run.topics, run.expected)
 
 
 def test_a_failed_or_killed_run_reaches_the_policy_before_the_checkpoint_it_precedes() -> None:

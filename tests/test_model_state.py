@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from job_steps import each_checkpoint
 from jobs_for_tests import make_job
 
 from pipeline.model_codec import FORMAT, ModelRecordError, decode_model, encode_model
@@ -29,7 +30,6 @@ from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method, method_names
 from straggler.core.start import StartMethod
-from straggler.simulation import JobSimulation, observe_step, steps
 
 FAST_PRESETS = {"nurd-paper", "nurd-nc", "gbtr"}
 
@@ -68,15 +68,10 @@ def run(name: str, trace: JobTrace, restore: bool) -> list[tuple[Any, ...]]:
         method.grant_labels(trace.finish_features[::3], trace.latency[::3] >= np.quantile(trace.latency, 0.9))
     decisions: list[tuple[Any, ...]] = []
     restores = decided_by_restored = 0
-    sim = JobSimulation(trace, seed=0)
-    for step in steps(sim, None):
-        t = step[1]
-        observe_step(job.state, sim, step)
-        version = job.model_version
-        made = job.checkpoint(t)
+    for made, refitted in each_checkpoint(job, trace):
         decisions += [comparable(d) for d in made]
         decided_by_restored += bool(made) and restores > 0
-        if restore and job.model_version != version:
+        if restore and refitted:
             job.method = decode_model(encode_model(job.method), fresh(name))
             restores += 1
     assert not restore or decided_by_restored >= 2, f"{name}: a restored model decided too little"
@@ -100,11 +95,8 @@ def test_a_model_row_holds_no_pickle() -> None:
     method = fresh("nurd-warm")
     job = OnlineJob("j", method, 2, 90)
     trace = make_job(90, seed=5, slow_group=0.15)
-    sim = JobSimulation(trace, seed=0)
-    for step in steps(sim, None):
-        t = step[1]
-        observe_step(job.state, sim, step)
-        job.checkpoint(t)
+    for _ in each_checkpoint(job, trace):
+        pass
     row = encode_model(job.method)
     with np.load(io.BytesIO(row), allow_pickle=False) as archive:
         header = orjson.loads(archive["header"].tobytes())
@@ -134,11 +126,8 @@ def fitted_row(name: str = "gbtr") -> bytes:
     method = make_method(name)
     job = OnlineJob("j", method, 2, 90)
     trace = make_job(90, seed=5)
-    sim = JobSimulation(trace, seed=0)
-    for step in steps(sim, None):
-        t = step[1]
-        observe_step(job.state, sim, step)
-        if job.checkpoint(t):
+    for decisions, _ in each_checkpoint(job, trace):
+        if decisions:
             break
     return encode_model(job.method)
 

@@ -2,6 +2,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from job_steps import each_checkpoint
 from jobs_for_tests import make_job
 
 from straggler.core.jobtrace import JobTrace
@@ -17,7 +18,6 @@ from straggler.core.nurd import (
 )
 from straggler.core.online import OnlineJob
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
-from straggler.simulation import JobSimulation, observe_step, steps
 
 
 def _checkpoint(n_fin: int = 20, n_run: int = 480, signal: float = 1.0, seed: int = 0) -> CheckpointData:
@@ -152,11 +152,8 @@ def _fits_and_final_method(
     monkeypatch.setattr(Nurd, "_regressor", counting)
     method = make_nurd(preset)
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
-    sim = JobSimulation(trace, seed=0)
-    for step in steps(sim, None):
-        t = step[1]
-        observe_step(job.state, sim, step)
-        job.checkpoint(t)
+    for _ in each_checkpoint(job, trace):
+        pass
     monkeypatch.undo()
     return built, job.model_version, method
 
@@ -227,13 +224,8 @@ def test_a_calibrator_acts_only_once_the_flags_of_its_predecessors_proved_mostly
     method = make_nurd("nurd")
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
     history = []
-    sim = JobSimulation(trace, seed=0)
-    for step in steps(sim, None):
-        t = step[1]
-        observe_step(job.state, sim, step)
-        version = job.model_version
-        decisions = job.checkpoint(t)
-        if job.model_version != version:
+    for decisions, refitted in each_checkpoint(job, trace):
+        if refitted:
             history.append((dict(method.calibration_), method.calibrator_ is not None))
         ranked = [d for d in decisions if d.is_straggler and d.adjusted_latency < d.threshold]
         assert not ranked or method.calibrator_ is not None  # (the regressor may flag on its own)

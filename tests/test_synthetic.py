@@ -13,7 +13,7 @@ from straggler.traces.synthetic import (
     FEATURE_NAMES,
     SimulatedJob,
     generate_jobs,
-    simulate_jobs,
+    iter_simulated_jobs,
 )
 
 
@@ -28,7 +28,7 @@ def small_jobs() -> list[JobTrace]:
 
 @pytest.fixture(scope="module")
 def simulated() -> SimulatedJob:
-    return simulate_jobs(1, seed=3, min_tasks=400, max_tasks=400)[0]
+    return next(iter_simulated_jobs(1, seed=3, min_tasks=400, max_tasks=400))
 
 
 def _assert_same(a: JobTrace, b: JobTrace) -> None:
@@ -155,7 +155,7 @@ def test_features_explain_latency_only_partly() -> None:
 
 
 def test_slow_machines_show_in_the_first_window() -> None:
-    jobs = simulate_jobs(4, seed=9, min_tasks=1500, max_tasks=3000)
+    jobs = list(iter_simulated_jobs(4, seed=9, min_tasks=1500, max_tasks=3000))
     cpi = FEATURE_NAMES.index("cpi")
     first_cpi, slow = [], []
     for job in jobs:
@@ -169,7 +169,7 @@ def test_slow_machines_show_in_the_first_window() -> None:
 
 
 def test_failures_restart_the_task_and_are_counted() -> None:
-    jobs = simulate_jobs(6, seed=10, min_tasks=1000, max_tasks=3000)
+    jobs = list(iter_simulated_jobs(6, seed=10, min_tasks=1000, max_tasks=3000))
     fl = FEATURE_NAMES.index("failures")
     ev = FEATURE_NAMES.index("evictions")
     slowdown_hit, slowdown_clean = [], []

@@ -101,25 +101,15 @@ def settings_problems(s: SecuritySettings) -> list[str]:
     if s.security_protocol not in PROTOCOLS:
         return [f"{PROTOCOL_ENV} must be one of {', '.join(PROTOCOLS)}, not {s.security_protocol!r}"]
     problems: list[str] = []
-    sasl_given = [
-        name
-        for name, value in (
-            (MECHANISM_ENV, s.sasl_mechanism),
-            (USERNAME_ENV, s.username),
-            (PASSWORD_ENV, s.password),
-        )
-        if value is not None
-    ]
-    ssl_given = [
-        name
-        for name, value in (
-            (CAFILE_ENV, s.ssl_cafile),
-            (CERTFILE_ENV, s.ssl_certfile),
-            (KEYFILE_ENV, s.ssl_keyfile),
-            (KEY_PASSWORD_ENV, s.ssl_key_password),
-        )
-        if value is not None
-    ]
+    sasl_given = _given(
+        (MECHANISM_ENV, s.sasl_mechanism), (USERNAME_ENV, s.username), (PASSWORD_ENV, s.password)
+    )
+    ssl_given = _given(
+        (CAFILE_ENV, s.ssl_cafile),
+        (CERTFILE_ENV, s.ssl_certfile),
+        (KEYFILE_ENV, s.ssl_keyfile),
+        (KEY_PASSWORD_ENV, s.ssl_key_password),
+    )
     if s.uses_sasl:
         if s.sasl_mechanism not in MECHANISMS:
             problems.append(
@@ -129,20 +119,24 @@ def settings_problems(s: SecuritySettings) -> list[str]:
         if not s.username or s.password is None:
             problems.append(f"{s.security_protocol} needs {USERNAME_ENV} and {PASSWORD_ENV}")
     elif sasl_given:
-        problems.append(
-            f"{', '.join(sasl_given)} set but {PROTOCOL_ENV} is {s.security_protocol}: "
-            "use SASL_PLAINTEXT or SASL_SSL, or unset them"
-        )
+        problems.append(_unused(sasl_given, s.security_protocol, "SASL_PLAINTEXT or SASL_SSL"))
     if not s.uses_ssl and ssl_given:
-        problems.append(
-            f"{', '.join(ssl_given)} set but {PROTOCOL_ENV} is {s.security_protocol}: "
-            "use SSL or SASL_SSL, or unset them"
-        )
+        problems.append(_unused(ssl_given, s.security_protocol, "SSL or SASL_SSL"))
     if (s.ssl_certfile is None) != (s.ssl_keyfile is None):
         problems.append(f"a client certificate needs both {CERTFILE_ENV} and {KEYFILE_ENV}")
     if s.ssl_key_password is not None and s.ssl_keyfile is None:
         problems.append(f"{KEY_PASSWORD_ENV} set without {KEYFILE_ENV}")
     return problems
+
+
+def _given(*settings: tuple[str, str | None]) -> list[str]:
+    """The names of the ``(name, value)`` settings that are set."""
+    return [name for name, value in settings if value is not None]
+
+
+def _unused(names: list[str], protocol: str, protocols: str) -> str:
+    """The problem of settings that ``protocol`` does not use (``protocols`` would)."""
+    return f"{', '.join(names)} set but {PROTOCOL_ENV} is {protocol}: use {protocols}, or unset them"
 
 
 PLAINTEXT = SecuritySettings()

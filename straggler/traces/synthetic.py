@@ -485,23 +485,6 @@ def generate_jobs(
     return [job.to_job_trace(checkpoint_seconds) for job in jobs]  # one job's telemetry alive at a time
 
 
-def simulate_jobs(
-    n_jobs: int,
-    *,
-    seed: int,
-    min_tasks: int = 100,
-    max_tasks: int = 5000,
-    n_machines: int = 10_000,
-    config: SyntheticConfig | None = None,
-) -> list[SimulatedJob]:
-    """The jobs of `generate_jobs` with their ground truth (why each task was slow)."""
-    return list(
-        iter_simulated_jobs(
-            n_jobs, seed=seed, min_tasks=min_tasks, max_tasks=max_tasks, n_machines=n_machines, config=config
-        )
-    )
-
-
 def iter_simulated_jobs(
     n_jobs: int,
     *,
@@ -511,7 +494,8 @@ def iter_simulated_jobs(
     n_machines: int = 10_000,
     config: SyntheticConfig | None = None,
 ) -> Iterator[SimulatedJob]:
-    """The same jobs one at a time, so a long run never holds every job's telemetry."""
+    """The jobs of `generate_jobs` with their ground truth (why each task was slow), one at a time, so
+    a long run never holds every job's telemetry."""
     if not 1 <= min_tasks <= max_tasks:
         raise ValueError(f"need 1 <= min_tasks <= max_tasks, got {min_tasks}, {max_tasks}")
     config = config or SyntheticConfig()
