@@ -54,7 +54,7 @@ from schemas import (
 )
 from straggler.core.jobtrace import JobTrace
 from straggler.core.policy_spec import DEFAULT_POLICY, make_policy
-from straggler.evaluation import EvaluationConfig, online_job, replay_decisions
+from straggler.evaluation import EvaluationConfig, method_decisions, online_job
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
@@ -203,7 +203,7 @@ def offline_expectation(traces: Sequence[JobTrace]) -> Expectation:
     flags: set[tuple[str, str, float]] = set()
     commands: set[str] = set()
     for trace in traces:
-        for verdicts in replay_decisions(trace, "nurd", config):
+        for verdicts in method_decisions(trace, "nurd", config):
             flags |= {(d.job_id, d.task_id, d.checkpoint_time) for d in verdicts if d.is_straggler}
         policy = make_policy(POLICY, CHECKPOINT_SECONDS)
         job = online_job(trace, "nurd", config)

@@ -29,8 +29,8 @@ from straggler.core.jobtrace import JobTrace
 from straggler.core.method import StragglerMethod
 from straggler.core.metrics import confusion, f1_over_time, lead_time
 from straggler.core.online import Decision, OnlineJob
-from straggler.core.online_replay import replay_trace
 from straggler.core.policy_spec import make_policy
+from straggler.core.recorded_run import recorded_decisions
 from straggler.core.registry import make_method
 from straggler.core.threshold import oracle_threshold
 from straggler.simulation import (
@@ -117,11 +117,11 @@ def online_job(
     return job
 
 
-def replay_decisions(
+def method_decisions(
     trace: JobTrace, method_name: str, config: EvaluationConfig, prototypes: Prototypes | None = None
 ) -> Iterator[list[Decision]]:
     """Feed ``trace`` to an `OnlineJob` event by event, as the stream does; yield per-checkpoint verdicts."""
-    yield from replay_trace(online_job(trace, method_name, config, prototypes), trace)
+    yield from recorded_decisions(online_job(trace, method_name, config, prototypes), trace)
 
 
 def flag_times(
@@ -131,7 +131,7 @@ def flag_times(
     index = {task_id: i for i, task_id in enumerate(trace.task_ids)}
     flagged = np.full(trace.n_tasks, np.nan)
     decisions = 0
-    for verdicts in replay_decisions(trace, method_name, config, prototypes):
+    for verdicts in method_decisions(trace, method_name, config, prototypes):
         decisions += len(verdicts)
         for d in verdicts:
             if d.is_straggler:

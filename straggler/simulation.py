@@ -9,7 +9,7 @@ a task; jobs that now end later get further checkpoints on the same grid.
 
 A `JobSimulation` that receives no command shows the trace as recorded (`recorded_steps`, which the
 replayer's open loop publishes; the evaluator's decisions replay it through
-`straggler.core.online_replay`, checked equal), and the relaunch figures on open-loop flags
+`straggler.core.recorded_run`, checked equal), and the relaunch figures on open-loop flags
 (`relaunch_flagged`, the paper's Algorithms 2 and 3) run their policy on the same cluster.
 
 The rules in full, and machine time: docs/module-notes.md.

@@ -52,7 +52,7 @@ from straggler.core.decision_event import prediction_event
 from straggler.core.jobstate import JobState, TaskStatus
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method
-from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Reject, route
 from straggler.simulation import recorded_steps
@@ -290,7 +290,7 @@ def _mitigation_input(trace_seed: int, repeat_slow_finishes: int) -> tuple[bytes
     trace = make_job(200, seed=trace_seed, job_id="j", signal=1.5, waves=4, wave_gap=30.0)
     config = EvaluationConfig(methods=("nurd",), threshold="online")
     by_time: dict[float, list[Decision]] = {}
-    for verdicts in replay_decisions(trace, "nurd", config):
+    for verdicts in method_decisions(trace, "nurd", config):
         for d in verdicts:
             by_time.setdefault(d.checkpoint_time, []).append(d)
     median = float(np.median(trace.latency))

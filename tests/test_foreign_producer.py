@@ -42,7 +42,7 @@ from schemas import (
 )
 from straggler.core.partitioner import partition_of
 from straggler.core.policies import Unlimited
-from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.config import admin_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
@@ -211,7 +211,7 @@ def test_kcat_jobs_are_all_predicted_by_two_workers_without_dead_letters(
     policy = Unlimited()
     expected_commands = set()
     for trace in traces:
-        for verdicts in replay_decisions(trace, "nurd", config):
+        for verdicts in method_decisions(trace, "nurd", config):
             if not verdicts:
                 continue
             for action in policy.on_checkpoint(trace.job_id, verdicts[0].checkpoint_time, verdicts):

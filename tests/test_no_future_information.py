@@ -1,6 +1,6 @@
 """No method may use information from the future: the decision-level check, for every registered method.
 
-A job is replayed twice through the evaluator's online driver (`replay_decisions`, what the stream
+A job is replayed twice through the evaluator's online driver (`method_decisions`, what the stream
 does): once as it happened, once with the future of the tasks running at a cutoff checkpoint
 rewritten (when they end, the features they finish with, their later snapshots). Every verdict given
 up to the cutoff must be identical in both runs. A deliberately leaky method is the negative control:
@@ -26,7 +26,7 @@ from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.online import Decision
 from straggler.core.registry import make_method, method_names
 from straggler.core.start import StartMethod
-from straggler.evaluation import EvaluationConfig, Prototypes, replay_decisions
+from straggler.evaluation import EvaluationConfig, Prototypes, method_decisions
 
 HAS_PYOD = importlib.util.find_spec("pyod") is not None
 OUTLIER_PREFIX = "od-"
@@ -118,7 +118,7 @@ def decisions_up_to(
     """Every verdict given at checkpoints up to ``cutoff``, in order."""
     out: list[Decision] = []
     for t, verdicts in zip(
-        trace.checkpoints, replay_decisions(trace, name, CONFIG, prototypes), strict=False
+        trace.checkpoints, method_decisions(trace, name, CONFIG, prototypes), strict=False
     ):
         if t > cutoff:
             break
@@ -208,12 +208,12 @@ class PeekingReactive(StragglerMethod):
 
 def test_the_check_catches_a_method_that_peeks_at_the_future(monkeypatch: pytest.MonkeyPatch) -> None:
     """The negative control: the same check fails for a method that reads running tasks' true ends."""
-    real_replay = replay_decisions
+    real_replay = method_decisions
 
     def replay_with_peek(trace: JobTrace, *args: Any, **kwargs: Any) -> Iterator[list[Decision]]:
         monkeypatch.setattr(PeekingReactive, "true_end", dict(zip(trace.task_ids, trace.end, strict=True)))
         yield from real_replay(trace, *args, **kwargs)
 
-    monkeypatch.setattr(sys.modules[__name__], "replay_decisions", replay_with_peek)
+    monkeypatch.setattr(sys.modules[__name__], "method_decisions", replay_with_peek)
     with pytest.raises(AssertionError, match="peeking decided differently once the future changed"):
         assert_no_future_information("peeking", {"peeking": PeekingReactive()})

@@ -21,7 +21,7 @@ from producers.telemetry import TelemetryProducer
 from schemas import CheckpointEvaluated, DeadLetter, Prediction, RelaunchCommand, command_id, decode_each
 from straggler.core.jobtrace import JobTrace
 from straggler.core.policies import Unlimited
-from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.config import producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
@@ -116,7 +116,7 @@ def test_stream_decisions_and_commands_equal_the_offline_evaluator(pipeline: Pip
     expected_commands = set()
     policy = Unlimited()
     for trace in traces:
-        for verdicts in replay_decisions(trace, "nurd", config):
+        for verdicts in method_decisions(trace, "nurd", config):
             offline |= {(d.job_id, d.task_id, d.checkpoint_time, d.is_straggler) for d in verdicts}
             if verdicts:
                 for action in policy.on_checkpoint(trace.job_id, verdicts[0].checkpoint_time, verdicts):

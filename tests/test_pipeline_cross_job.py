@@ -13,7 +13,7 @@ from jobs_for_tests import make_job
 from producers.replayer import TraceReplayer
 from schemas import CheckpointEvaluated, Prediction, decode_each
 from straggler.core.registry import load_trained_method, make_method, save_trained_method
-from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process, read_topic
@@ -33,13 +33,13 @@ def test_a_trained_admm_model_decides_the_same_in_the_stream_and_offline(
     offline = {
         (d.job_id, d.task_id, d.checkpoint_time, d.is_straggler)
         for trace in traces
-        for verdicts in replay_decisions(trace, "admm", config, {"admm": trained})
+        for verdicts in method_decisions(trace, "admm", config, {"admm": trained})
         for d in verdicts
     }
     reactive = {
         (d.job_id, d.task_id, d.checkpoint_time, d.is_straggler)
         for trace in traces
-        for verdicts in replay_decisions(trace, "reactive", config)
+        for verdicts in method_decisions(trace, "reactive", config)
         for d in verdicts
     }
     assert offline != reactive, "the scenario must let the trained model change decisions"

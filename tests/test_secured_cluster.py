@@ -24,7 +24,7 @@ from jobs_for_tests import make_job
 from producers.replayer import TraceReplayer
 from schemas import CheckpointEvaluated, RelaunchCommand, command_id, decode_each
 from straggler.core.policies import Unlimited
-from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.config import KafkaAccessError, check_access
 from straggler.kafka.embedded import BrokerSecurity, embedded_kafka
 from straggler.kafka.names import TopicNames
@@ -103,7 +103,7 @@ def test_the_pipeline_runs_with_sasl_plain(
         assert result.delivery_failures == 0
         markers = {(trace.job_id, float(c)) for c in trace.checkpoints}
         policy, expected_commands = Unlimited(), set()
-        for verdicts in replay_decisions(
+        for verdicts in method_decisions(
             trace, "nurd", EvaluationConfig(methods=("nurd",), threshold="online")
         ):
             if verdicts:

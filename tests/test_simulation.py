@@ -213,10 +213,10 @@ def test_relaunch_draws_are_reproducible_per_job() -> None:
 
 @pytest.mark.parametrize("method", ["nurd", "reactive"])
 def test_the_cores_recorded_replay_decides_as_the_simulation_with_no_command(method: str) -> None:
-    """The evaluator and START replay recorded jobs in the core (`straggler.core.online_replay`, which
+    """The evaluator and START replay recorded jobs in the core (`straggler.core.recorded_run`, which
     may not import the simulation); it must show a job exactly what a `JobSimulation` that receives
     no command shows it, step by step as the replayer publishes them."""
-    from straggler.core.online_replay import replay_trace
+    from straggler.core.recorded_run import recorded_decisions
     from straggler.traces.synthetic import generate_jobs
 
     config = EvaluationConfig(methods=(method,), threshold="online")
@@ -227,6 +227,6 @@ def test_the_cores_recorded_replay_decides_as_the_simulation_with_no_command(met
         for step in steps(sim, None):
             observe_step(job.state, sim, step)
             expected.append(repr(job.checkpoint(step[1])))
-        got = [repr(ds) for ds in replay_trace(online_job(trace, method, config), trace)]
+        got = [repr(ds) for ds in recorded_decisions(online_job(trace, method, config), trace)]
         assert got == expected, trace.job_id
         assert "is_straggler=True" in "".join(expected)

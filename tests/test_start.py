@@ -27,7 +27,7 @@ from straggler.core.start import (
     summary_size,
     training_sequence,
 )
-from straggler.evaluation import EvaluationConfig, replay_decisions
+from straggler.evaluation import EvaluationConfig, method_decisions
 
 # Tests marked `torch` train START or run its PyTorch network; tests/conftest.py skips them when
 # PyTorch is missing. Run them with: pip install -e '.[start]' && pytest -m torch
@@ -217,7 +217,7 @@ def test_training_sequences_are_what_the_method_sees_online(model: StartMethod) 
     spy = _Spy(**{**small_start().get_params(), "k": 1e6})
     spy.__dict__.update({k: v for k, v in vars(model).items() if k.endswith("_")})
     config = EvaluationConfig(methods=("start",), threshold="online")
-    for _ in replay_decisions(job, "start", config, {"start": spy}):
+    for _ in method_decisions(job, "start", config, {"start": spy}):
         pass
     online = np.array(spy.seen_)
     _, summaries = training_sequence(job)

@@ -22,7 +22,7 @@ import numpy as np
 from straggler.core.arrays import FloatArray
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.online import OnlineJob
-from straggler.core.online_replay import replay_trace
+from straggler.core.recorded_run import recorded_decisions
 
 if TYPE_CHECKING:
     from straggler.core.jobtrace import JobTrace
@@ -212,7 +212,7 @@ def training_sequence(
 ) -> tuple[FloatArray, FloatArray]:
     """``(times, summaries)``: the checkpoint summaries START sees for ``trace`` online.
 
-    The trace is replayed through the evaluator's own driver (`straggler.core.online_replay`, with the
+    The trace runs through the evaluator's own driver (`straggler.core.recorded_run`, with the
     online threshold), so the summaries come from exactly the `CheckpointData` the job shows
     at each prediction checkpoint. The stand-in method flags nothing itself; the driver still hides
     tasks flagged by the reactive rule (elapsed >= threshold), as it does online. Once START flags a
@@ -229,7 +229,7 @@ def training_sequence(
         start_fraction=start_fraction,
         refit_growth=refit_growth,
     )
-    for _ in replay_trace(job, trace):
+    for _ in recorded_decisions(job, trace):
         pass
     summaries = getattr(recorder, "summaries_", [])
     d = summary_size(len(trace.feature_names))

@@ -35,7 +35,7 @@ import numpy as np
 from straggler.core.method import CheckpointData, Scores
 from straggler.core.start import StartMethod, actual_stragglers, expected_stragglers, fit_pareto
 from straggler.core.threshold import oracle_threshold
-from straggler.evaluation import EvaluationConfig, population_fold, replay_decisions, train_population_methods
+from straggler.evaluation import EvaluationConfig, method_decisions, population_fold, train_population_methods
 from straggler.traces.loading import add_trace_arguments, load_traces_from_args
 
 TAUS = (0.25, 0.5, 0.75)
@@ -108,7 +108,7 @@ def main() -> None:
         start = proto["start"]
         spy = Recorder(**start.get_params())
         spy.__dict__.update({k: v for k, v in vars(start).items() if k.endswith("_")})
-        for _ in replay_decisions(trace, "start", config, {"start": spy}):
+        for _ in method_decisions(trace, "start", config, {"start": spy}):
             pass
         log = np.array(getattr(spy, "log_", []), dtype=np.float64).reshape(-1, 3)
         latency = trace.latency[trace.scored]

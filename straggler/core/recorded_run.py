@@ -1,6 +1,6 @@
-"""A complete recorded job (`JobTrace`) fed to an `OnlineJob` checkpoint by checkpoint, as recorded.
+"""A recorded run: a complete recorded job (`JobTrace`) fed to an `OnlineJob` checkpoint by checkpoint.
 
-The one driver of a recorded job's decisions: the evaluator's (`straggler.evaluation.replay_decisions`)
+The one driver of a recorded job's decisions: the evaluator's (`straggler.evaluation.method_decisions`)
 and START's training (`straggler.core.start.training_sequence`). The core may not import the cluster
 simulation, so this is the recorded run's view alone: the finishes and other ends of each interval,
 then the running tasks' snapshots, in the replayer's order.
@@ -18,7 +18,7 @@ from straggler.core.jobtrace import JobTrace
 from straggler.core.online import Decision, OnlineJob
 
 
-def replay_trace(job: OnlineJob, trace: JobTrace) -> Iterator[list[Decision]]:
+def recorded_decisions(job: OnlineJob, trace: JobTrace) -> Iterator[list[Decision]]:
     """Feed ``trace`` to ``job`` as the stream delivers it; yield the verdicts of each checkpoint."""
     ids, state = trace.task_ids, job.state
     ended = np.isfinite(trace.end)
