@@ -150,7 +150,7 @@ def main() -> int:
         "drivers": chosen,
         "speedup_by_size": speedups,
         "speedup_nurd_by_size": ratio("reference", "nurd"),
-        "warm_start_saves_by_size": ratio("nurd", "nurd-warm"),
+        "nurd_warm_saves_by_size": ratio("nurd", "nurd-warm"),
         "refit_rule_speedup_by_size": ratio("nurd-every", "nurd"),
         "f1_warm_minus_every_by_size": f1_gap("nurd-warm", "nurd-every"),
         "f1_nurd_minus_every_by_size": f1_gap("nurd", "nurd-every"),

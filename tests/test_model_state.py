@@ -102,7 +102,7 @@ def test_a_model_row_holds_no_pickle() -> None:
         header = orjson.loads(archive["header"].tobytes())
         assert all(not archive[name].dtype.hasobject for name in archive.files)
     assert header["format"] == FORMAT and header["method"] == "nurd"  # the class: presets differ in params
-    assert len(header["state"]["history_"]) == 3, "the warm start's past fits are stored as data"
+    assert len(header["state"]["history_"]) == 3, "the reused past fits are stored as data"
 
 
 class RunsCode:

@@ -1,4 +1,5 @@
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData
 from straggler.core.nurd import (
     PRESETS,
+    USED_ONLY_WHEN,
     Nurd,
     _judged,
     _Ranking,
@@ -17,6 +19,7 @@ from straggler.core.nurd import (
     mostly_right,
 )
 from straggler.core.online import OnlineJob
+from straggler.core.preprocessing import impute_like
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
 
 
@@ -138,7 +141,7 @@ def test_a_strength_needs_confident_evidence_that_its_added_flags_are_mostly_rig
 
 
 def _fits_and_final_method(
-    trace: JobTrace, preset: str, monkeypatch: pytest.MonkeyPatch
+    trace: JobTrace, preset: str, monkeypatch: pytest.MonkeyPatch, **overrides: object
 ) -> tuple[int, int, Nurd]:
     """Replay ``trace`` through an `OnlineJob`; count XGBoost regressors built and refits made."""
     built = 0
@@ -150,7 +153,7 @@ def _fits_and_final_method(
         return make_regressor(self)
 
     monkeypatch.setattr(Nurd, "_regressor", counting)
-    method = make_nurd(preset)
+    method = make_nurd(preset, **overrides)
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
     for _ in each_checkpoint(job, trace):
         pass
@@ -167,7 +170,7 @@ def test_warm_nurd_fits_one_regressor_per_refit_once_it_has_a_past(monkeypatch: 
     assert cold_built > 4 * cold_refits  # regressor, 3 skill folds, and the backtest's probes
     # cold estimates only while there is no past: the first fits pay 4 (regressor + 3 folds)
     assert warm_built <= warm_refits + 3 * 3
-    assert len(warm.history_) == warm.history and all(not past.history_ for past in warm.history_)
+    assert len(warm.history_) == warm.reuse_past_fits and all(not past.history_ for past in warm.history_)
 
 
 @pytest.mark.parametrize(("signal", "low", "high"), [(1.0, 0.5, 1.0), (0.0, 0.0, 0.1)])
@@ -178,10 +181,123 @@ def test_warm_skill_is_how_well_past_fits_predicted_later_tasks(
     assert low <= warm.skill_ <= high
 
 
-def test_a_warm_start_without_history_is_refused() -> None:
-    """``history=0`` would slice ``[-0:]``, i.e. keep every past fit: refuse it instead."""
-    with pytest.raises(ValueError, match="history"):
-        make_nurd("nurd-warm", history=0).fit(_checkpoint())
+def test_parameters_are_stored_as_given_and_checked_in_fit() -> None:
+    """scikit-learn's convention: ``__init__`` stores, ``fit`` refuses."""
+    method = Nurd(weighting="bogus", eps=-1.0)  # type: ignore[arg-type]
+    assert method.get_params()["weighting"] == "bogus" and method.eps == -1.0
+    with pytest.raises(ValueError, match="weighting must be one of"):
+        method.fit(_checkpoint())
+
+
+@pytest.mark.parametrize(
+    ("switch", "value"), [("weighting", "centroid"), ("gate", "calibrate"), ("gate", None)]
+)
+def test_an_unknown_choice_is_refused(switch: str, value: Any) -> None:
+    params: dict[str, Any] = {switch: value}
+    with pytest.raises(ValueError, match=f"{switch} must be one of .*got {value!r}"):
+        Nurd(**params).fit(_checkpoint())
+
+
+@pytest.mark.parametrize(
+    ("preset", "name", "bad", "good"),
+    [
+        ("nurd-paper", "log_target", 1, True),
+        ("nurd", "balanced_propensity", "yes", False),
+        ("nurd-paper", "alpha", 1.5, 1.0),
+        ("nurd-paper", "alpha", -0.1, 0.0),
+        ("nurd", "eps", 0.0, 1.0),
+        ("nurd", "eps", 1.5, 0.05),
+        ("gbtr", "n_estimators", 0, 1),
+        ("gbtr", "n_estimators", 2.0, 2),
+        ("gbtr", "max_depth", True, 1),
+        ("gbtr", "learning_rate", 0.0, 1.0),
+        ("gbtr", "learning_rate", float("nan"), 0.3),
+        ("nurd-backtest", "skill_folds", 1, 2),
+        ("nurd", "evidence", 1.0, 0.99),
+        ("nurd", "evidence", 0.0, 0.01),
+        ("nurd-backtest", "reuse_past_fits", -1, 0),
+        ("nurd", "significance", 0.0, 0.05),
+        ("nurd", "min_stragglers", 0, 1),
+        ("nurd", "flag_probability", 1.0, 0.5),
+        ("nurd", "max_scored", 0, 1),
+        ("gbtr", "n_threads", 0, 2),
+        ("gbtr", "random_state", -1, 0),
+        ("gbtr", "random_state", None, np.int64(7)),
+    ],
+)
+def test_a_value_out_of_range_is_refused_and_the_edge_of_the_range_is_not(
+    preset: str, name: str, bad: object, good: object
+) -> None:
+    with pytest.raises(ValueError, match=f"Nurd: {name} must be"):
+        make_nurd(preset, **{name: bad}).fit(_checkpoint())
+    make_nurd(preset, **{name: good}).fit(_checkpoint())
+
+
+def test_the_backtest_gate_needs_the_density_weight() -> None:
+    """It picks the density weight's strength; with another weighting it would be gate "skill"."""
+    for weighting in ("none", "paper", "nc"):
+        with pytest.raises(ValueError, match=r"gate='backtest' .* needs weighting='density'"):
+            Nurd(weighting=weighting, gate="backtest").fit(_checkpoint())
+        Nurd(weighting=weighting, gate="skill").fit(_checkpoint())
+
+
+_UNUSED_WHEN: dict[str, tuple[dict[str, Any], Any]] = {
+    "balanced_propensity": ({"weighting": "none", "gate": "none"}, False),
+    "eps": ({"weighting": "none", "gate": "calibrated"}, 0.1),
+    "alpha": ({"weighting": "density", "gate": "none"}, 0.4),
+    "skill_folds": ({"gate": "calibrated"}, 5),
+    "reuse_past_fits": ({"gate": "calibrated"}, 3),
+    "evidence": ({"gate": "skill"}, 0.9),
+    "significance": ({"gate": "backtest"}, 0.01),
+    "min_stragglers": ({"gate": "skill"}, 10),
+    "flag_probability": ({"gate": "none"}, 0.5),
+    "max_scored": ({"gate": "backtest"}, 100),
+}
+
+
+def test_each_conditional_parameter_has_a_case_below() -> None:
+    assert set(_UNUSED_WHEN) == set(USED_ONLY_WHEN)
+
+
+@pytest.mark.parametrize("name", list(_UNUSED_WHEN))
+def test_a_parameter_set_where_its_switches_leave_it_unused_is_refused(name: str) -> None:
+    """Set away from its default where no switch reads it: refused; at its default there: accepted;
+    the same value where a switch reads it: accepted."""
+    switches, value = _UNUSED_WHEN[name]
+    with pytest.raises(ValueError, match=f"Nurd: {name}={value!r} is unused"):
+        Nurd(**switches, **{name: value}).fit(_checkpoint())
+    Nurd(**switches).fit(_checkpoint())
+    switch, readers = USED_ONLY_WHEN[name]
+    Nurd(**{**switches, switch: readers[0], name: value}).fit(_checkpoint())
+
+
+def test_a_backtest_probe_leaves_unused_parameters_at_their_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backtest refits probes with gate "skill", which reads no ``evidence``: a backtest NURD with
+    its own ``evidence`` must not hand it to its probes (they would refuse it)."""
+    trace = make_job(400, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
+    built, refits, method = _fits_and_final_method(trace, "nurd-backtest", monkeypatch, evidence=0.8)
+    assert method.evidence == 0.8
+    assert built > 4 * refits  # the probes ran
+
+
+def test_a_job_is_calibrated_once_and_fit_never_calibrates_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver calibrates at the first prediction checkpoint; fit calibrates only a model nobody did."""
+    calls = []
+    calibrate = Nurd.calibrate
+
+    def counting(self: Nurd, data: CheckpointData) -> None:
+        calls.append(data.n_finished)
+        calibrate(self, data)
+
+    monkeypatch.setattr(Nurd, "calibrate", counting)
+    _, refits, _ = _fits_and_final_method(make_job(300, signal=1.0, seed=4), "nurd-paper", monkeypatch)
+    assert refits > 2 and len(calls) == 1
+    data = _checkpoint()
+    alone = make_nurd("nurd-paper").fit(data)
+    X_fin, X_run = impute_like(data.X_finished, data.X_finished), impute_like(data.X_finished, data.X_running)
+    assert alone.delta_ == centroid_calibration(X_fin, X_run, alone.alpha)
+    alone.fit(_checkpoint(n_fin=100, seed=1))
+    assert alone.delta_ == centroid_calibration(X_fin, X_run, alone.alpha)
 
 
 def test_a_recorded_ranking_is_judged_only_once_its_outcome_is_known_whatever_it_is() -> None:

@@ -12,9 +12,12 @@ What each preset does and why: docs/module-notes.md (measurements: docs/results.
 from __future__ import annotations
 
 import copy
+import inspect
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Self
+from numbers import Integral, Real
+from typing import Any, ClassVar, Literal, Self, get_args
 
 import numpy as np
 import xgboost as xgb
@@ -69,7 +72,18 @@ def mostly_right(right: int, wrong: int, confidence: float) -> bool:
 
 
 class Nurd(StragglerMethod):
-    """NURD and its ablations; parameters as in scikit-learn, learned state ends with ``_``."""
+    """NURD and its ablations; parameters as in scikit-learn, learned state ends with ``_``.
+
+    ``reuse_past_fits``: how many of the job's previous fits the backtest and the skill estimate reuse
+    instead of refitting copies (0: none; ``nurd-warm``: 3). Not scikit-learn's ``warm_start``: every
+    fit still trains its models from scratch.
+
+    ``fit`` checks the parameters (`_check_params`): a choice or value out of range, or a parameter
+    set away from its default where the switches make it unused (`USED_ONLY_WHEN`), is a ValueError.
+    ``calibrate`` (the paper's centroid offset ``delta_``, read only by ``weighting="paper"``) runs
+    once per job, called by the driver; ``fit`` calls it only on a model never calibrated (a unit
+    test's, a backtest probe's), never again. Unrelated: gate ``"calibrated"`` (`_calibrate_ranking`).
+    """
 
     name = "nurd"
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {
@@ -91,8 +105,7 @@ class Nurd(StragglerMethod):
         learning_rate: float = 0.1,
         skill_folds: int = 3,
         evidence: float = 0.85,
-        warm_start: bool = False,
-        history: int = 3,
+        reuse_past_fits: int = 0,
         significance: float = 1e-3,
         min_stragglers: int = 5,
         flag_probability: float = 0.7,
@@ -111,14 +124,34 @@ class Nurd(StragglerMethod):
         self.learning_rate = learning_rate
         self.skill_folds = skill_folds
         self.evidence = evidence
-        self.warm_start = warm_start
-        self.history = history
+        self.reuse_past_fits = reuse_past_fits
         self.significance = significance
         self.min_stragglers = min_stragglers
         self.flag_probability = flag_probability
         self.max_scored = max_scored
         self.n_threads = n_threads
         self.random_state = random_state
+
+    def _check_params(self) -> None:
+        """Raise ValueError naming the first parameter out of range, or set where it is unused."""
+        params = self.get_params()
+        for switch, choices in (("weighting", get_args(Weighting)), ("gate", get_args(Gate))):
+            if params[switch] not in choices:
+                raise ValueError(f"Nurd: {switch} must be one of {choices}, got {params[switch]!r}")
+        for name, allowed in _RANGES.items():
+            allowed.check(name, params[name])
+        if self.gate == "backtest" and self.weighting != "density":
+            raise ValueError(
+                "Nurd: gate='backtest' picks the density weight's strength, so it needs "
+                f"weighting='density', got {self.weighting!r} (gate='skill' is the same without it)"
+            )
+        for name in _unused(params):
+            if params[name] != _DEFAULTS[name]:
+                switch, values = USED_ONLY_WHEN[name]
+                raise ValueError(
+                    f"Nurd: {name}={params[name]!r} is unused: only {switch} in {values} reads it, "
+                    f"got {switch}={params[switch]!r}"
+                )
 
     # -- calibration (once per job) ------------------------------------------------------------
     def calibrate(self, data: CheckpointData) -> None:
@@ -157,8 +190,8 @@ class Nurd(StragglerMethod):
         return float(np.clip(r2, 0.0, 1.0))
 
     def _past_fits(self, data: CheckpointData) -> list[Nurd]:
-        """This job's previous fits (oldest first), if warm-started and the data says when it is."""
-        if not self.warm_start or data.at is None or data.finish_time is None:
+        """This job's previous fits (oldest first), if reused and the data says when it is."""
+        if not self.reuse_past_fits or data.at is None or data.finish_time is None:
             return []
         return list(getattr(self, "history_", []))
 
@@ -188,8 +221,7 @@ class Nurd(StragglerMethod):
         return float(np.clip(1.0 - error / baseline, 0.0, 1.0))
 
     def fit(self, data: CheckpointData) -> Self:
-        if self.warm_start and self.history < 1:
-            raise ValueError(f"a warm start needs history >= 1 past fit, got {self.history}")
+        self._check_params()
         if not hasattr(self, "delta_"):
             self.calibrate(data)
         past = self._past_fits(data)
@@ -222,18 +254,18 @@ class Nurd(StragglerMethod):
         if self.gate == "calibrated":
             self.strength_ = 0.0
             self._calibrate_ranking(data)
-        if self.warm_start and data.at is not None:
+        if self.reuse_past_fits and data.at is not None:
             self.fitted_at_ = float(data.at)
             snapshot: Nurd = copy.copy(self)
-            self.history_: list[Nurd] = [*past, snapshot][-self.history :]
+            self.history_: list[Nurd] = [*past, snapshot][-self.reuse_past_fits :]
             snapshot.history_ = []  # a fit remembers its predecessors, they do not
         return self
 
     def _rewinds(self, data: CheckpointData, past: list[Nurd]) -> Iterator[tuple[float, Nurd | None]]:
         """The past moments the backtest replays, with the model that predicted then (None: refit it).
 
-        Cold: when a quarter, a half and three quarters of today's finished tasks had finished.
-        Warm: the moments of the job's previous fits, with those very models."""
+        No past fits: when a quarter, a half and three quarters of today's finished tasks had finished.
+        Past fits (``reuse_past_fits``): the moments of the job's previous fits, with those very models."""
         if past:
             for fit in past:
                 yield fit.fitted_at_, fit
@@ -255,8 +287,8 @@ class Nurd(StragglerMethod):
         conservative. A strength is admissible only if the flags it adds to strength 0 were mostly
         right with confidence ``evidence`` (`mostly_right`: precision above 1/2, the break-even point
         at which an extra flag helps F1); among admissible strengths the best F1 wins, a tie going to
-        the weaker. Everything used is known at this checkpoint. A warm-started NURD replays its own
-        previous fits instead of refitting (`_rewinds`). ``X_all``: the finished then the running
+        the weaker. Everything used is known at this checkpoint. With ``reuse_past_fits``, NURD replays
+        its own previous fits instead of refitting (`_rewinds`). ``X_all``: the finished then the running
         tasks' features, as `fit` stacked them.
         """
         if data.at is None or data.finish_time is None or data.start_running is None:
@@ -289,7 +321,8 @@ class Nurd(StragglerMethod):
                     finish_time=finish[done_then],
                     start_running=starts,
                 )
-                model = Nurd(**{**self.get_params(), "gate": "skill", "warm_start": False}).fit(then)
+                probe = {**self.get_params(), "gate": "skill", "reuse_past_fits": 0}
+                model = Nurd(**_unused_at_default(probe)).fit(then)
             X = model.scaler_.transform(X_all[running_then])
             raw = model._raw_latency(X)
             ratio = np.clip(model._density_ratio(X), self.eps, 1.0)
@@ -447,7 +480,7 @@ class Nurd(StragglerMethod):
         return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, probability, flag)
 
     def get_state(self) -> State:
-        """Learned state, with the rankings (gate "calibrated") and past fits (warm start) as data."""
+        """Learned state, with the rankings (gate "calibrated") and the reused past fits as data."""
         state = super().get_state()
         if "rankings_" in state:
             state["rankings_"] = RANKINGS.dump(self.rankings_)
@@ -553,13 +586,96 @@ def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> 
     return float(np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
 
 
+_DEFAULTS: dict[str, Any] = {
+    name: p.default for name, p in inspect.signature(Nurd.__init__).parameters.items() if name != "self"
+}
+
+USED_ONLY_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
+    "balanced_propensity": ("weighting", ("paper", "nc", "density")),
+    "eps": ("weighting", ("paper", "nc", "density")),
+    "alpha": ("weighting", ("paper",)),
+    "skill_folds": ("gate", ("skill", "backtest")),
+    "reuse_past_fits": ("gate", ("skill", "backtest")),
+    "evidence": ("gate", ("backtest", "calibrated")),
+    "significance": ("gate", ("calibrated",)),
+    "min_stragglers": ("gate", ("calibrated",)),
+    "flag_probability": ("gate", ("calibrated",)),
+    "max_scored": ("gate", ("calibrated",)),
+}
+"""Parameters read only under some values of a switch: parameter -> (switch, values that read it)."""
+
+
+def _unused(params: Mapping[str, Any]) -> list[str]:
+    """The parameters that ``params``' switches leave unused."""
+    return [name for name, (switch, values) in USED_ONLY_WHEN.items() if params[switch] not in values]
+
+
+def _unused_at_default(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with every parameter its switches leave unused set back to its default."""
+    unused = _unused(params)
+    return {name: _DEFAULTS[name] if name in unused else value for name, value in params.items()}
+
+
+@dataclass(frozen=True)
+class _Range:
+    """What a parameter may be: an integer >= ``low``, a boolean, or a finite number in an interval."""
+
+    kind: Literal["int", "bool", "real"]
+    low: float = 0.0
+    high: float = 1.0
+    closed: Literal["neither", "left", "right", "both"] = "neither"
+
+    def check(self, name: str, value: Any) -> None:
+        if self.kind == "bool":
+            if not isinstance(value, bool | np.bool_):
+                raise ValueError(f"Nurd: {name} must be True or False, got {value!r}")
+            return
+        is_bool = isinstance(value, bool | np.bool_)
+        if self.kind == "int":
+            if is_bool or not isinstance(value, Integral) or value < self.low:
+                raise ValueError(f"Nurd: {name} must be an integer >= {self.low:g}, got {value!r}")
+            return
+        left, right = self.closed in ("left", "both"), self.closed in ("right", "both")
+        number = float(value) if isinstance(value, Real) and not is_bool else math.nan
+        inside = (
+            math.isfinite(number)
+            and (self.low <= number if left else self.low < number)
+            and (number <= self.high if right else number < self.high)
+        )
+        if not inside:
+            interval = f"{'[' if left else '('}{self.low:g}, {self.high:g}{']' if right else ')'}"
+            raise ValueError(f"Nurd: {name} must be a number in {interval}, got {value!r}")
+
+
+_INT1, _BOOL, _PROBABILITY = _Range("int", 1), _Range("bool"), _Range("real")
+_RANGES: dict[str, _Range] = {
+    "log_target": _BOOL,
+    "balanced_propensity": _BOOL,
+    "alpha": _Range("real", closed="both"),
+    "eps": _Range("real", closed="right"),
+    "n_estimators": _INT1,
+    "max_depth": _INT1,
+    "learning_rate": _Range("real", closed="right"),
+    "skill_folds": _Range("int", 2),
+    "evidence": _PROBABILITY,
+    "reuse_past_fits": _Range("int", 0),
+    "significance": _PROBABILITY,
+    "min_stragglers": _INT1,
+    "flag_probability": _PROBABILITY,
+    "max_scored": _INT1,
+    "n_threads": _INT1,
+    "random_state": _Range("int", 0),
+}
+"""What each parameter but the two switches may be."""
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     "nurd": {"gate": "calibrated"},
     "nurd-backtest": {},
     "nurd-paper": {"weighting": "paper", "gate": "none", "log_target": False, "balanced_propensity": False},
     "nurd-nc": {"weighting": "nc", "gate": "none", "log_target": False, "balanced_propensity": False},
     "gbtr": {"weighting": "none", "gate": "none", "log_target": False},
-    "nurd-warm": {"warm_start": True},
+    "nurd-warm": {"reuse_past_fits": 3},
 }
 
 
