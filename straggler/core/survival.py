@@ -38,8 +38,8 @@ class LatencySurvival:
         if len(finished) == 0:
             raise ValueError("a survival curve needs at least one finished latency")
         running_elapsed = np.asarray(running_elapsed, dtype=np.float64)
-        durations = np.r_[finished, running_elapsed]
-        observed = np.r_[np.ones(len(finished)), np.zeros(len(running_elapsed))]
+        durations = np.concatenate([finished, running_elapsed])
+        observed = np.concatenate([np.ones(len(finished)), np.zeros(len(running_elapsed))])
         times, survival = kaplan_meier(durations, observed)
         self.times = times
         self.values = survival
