@@ -44,7 +44,7 @@ PARTS: list[tuple[str, Any, str]] = [
     ("fit.xgboost", xgb.XGBRegressor, "fit"),
     ("fit.calibration", nurd.Nurd, "_calibrate_ranking"),
     ("predict", nurd.Nurd, "predict"),
-    ("xgboost.predict", xgb.XGBRegressor, "predict"),
+    ("xgboost.predict", xgb.Booster, "inplace_predict"),
 ]
 """(part, owner, attribute): the callables timed (those that exist). Parts nest (fit.xgboost is
 inside fit)."""
