@@ -45,8 +45,8 @@ class LatencySurvival:
         self.values = survival
         self.last_time = float(times[-1])
         self.last_value = float(survival[-1])
-        widths = np.diff(np.r_[0.0, times])
-        restricted_mean = float(np.sum(widths * np.r_[1.0, survival[:-1]]))
+        widths = np.diff(np.concatenate([[0.0], times]))
+        restricted_mean = float(np.sum(widths * np.concatenate([[1.0], survival[:-1]])))
         self.tail_scale = max(restricted_mean, 1e-9)
 
     def sf(self, x: FloatArray) -> FloatArray:
