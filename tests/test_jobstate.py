@@ -87,3 +87,43 @@ def test_cached_views_equal_a_rebuild_after_any_sequence_of_events() -> None:
         assert state.n_finished == fresh.n_finished == len(fresh_ids)
         assert not X.flags.writeable and not y.flags.writeable
     assert sum(extended) >= 20 and not all(extended)  # both paths ran, each many times
+
+
+def test_views_agree_with_the_task_records() -> None:
+    """`running_view` (flagged tasks included, with their flags, starts and attempts) and the finish
+    times of `finished_view` say what the task records say, in the views' canonical orders."""
+    rng = np.random.default_rng(5)
+    state = JobState("j", n_features=2, expected_tasks=30)
+    for step in range(300):
+        task = f"t{rng.integers(30)}"
+        at = float(step + rng.normal(0, 2))
+        kind = rng.choice(["running", "finished", "gone"], p=[0.5, 0.4, 0.1])
+        if kind == "running":
+            state.observe_running(task, rng.normal(size=2), at - rng.uniform(0, 20), at, int(rng.integers(2)))
+        elif kind == "finished":
+            state.observe_finished(
+                task, rng.normal(size=2), float(rng.uniform(0, 10)), at, int(rng.integers(2))
+            )
+        else:
+            state.observe_gone(task, at)
+        if rng.random() < 0.1:
+            state.flag(task, at)
+        view = state.running_view(at)
+        running = sorted(
+            (t for t, r in state.tasks.items() if r.status == TaskStatus.RUNNING),
+            key=lambda t: (state.tasks[t].start, t),
+        )
+        assert view.ids == running
+        assert view.start.tolist() == [state.tasks[t].start for t in running]
+        assert view.elapsed.tolist() == [max(at - state.tasks[t].start, 0.0) for t in running]
+        assert view.flagged.tolist() == [t in state.flagged for t in running]
+        assert view.attempt == [state.tasks[t].attempt for t in running]
+        assert np.array_equal(view.X, np.array([state.tasks[t].features for t in running]).reshape(-1, 2))
+        ids, X, elapsed = state.running(at)
+        assert ids == [t for t in running if t not in state.flagged]
+        assert np.array_equal(X, view.X[~view.flagged]) and np.array_equal(
+            elapsed, view.elapsed[~view.flagged]
+        )
+        finished = state.finished_view()
+        assert finished.finished_at.tolist() == [state.tasks[t].observed_at for t in finished.ids]
+        assert not finished.finished_at.flags.writeable

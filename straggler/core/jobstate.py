@@ -8,13 +8,13 @@ resurrects a task that has finished, and an older checkpoint never overwrites a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
-from straggler.core.arrays import FloatArray
+from straggler.core.arrays import BoolArray, FloatArray
 
 
 class TaskStatus(IntEnum):
@@ -36,6 +36,28 @@ class TaskRecord:
     latency: float = float("nan")
 
 
+class FinishedView(NamedTuple):
+    """The finished tasks, ordered by (finish time, task id)."""
+
+    ids: tuple[str, ...]
+    X: FloatArray
+    latency: FloatArray
+    finished_at: FloatArray
+    """When each finished (its finish event's time)."""
+
+
+class RunningView(NamedTuple):
+    """The running tasks at one instant, ordered by (start, task id), flagged ones included."""
+
+    ids: list[str]
+    X: FloatArray
+    start: FloatArray
+    elapsed: FloatArray
+    """At the instant asked for, floored at 0."""
+    flagged: BoolArray
+    attempt: list[int]
+
+
 @dataclass
 class JobState:
     """The finished and running sets of one job, and which tasks were already flagged."""
@@ -46,9 +68,7 @@ class JobState:
     tasks: dict[str, TaskRecord] = field(default_factory=dict)
     flagged: dict[str, float] = field(default_factory=dict)
     """Task id -> checkpoint time at which it was predicted to straggle (never evaluated again)."""
-    _finished_view: tuple[list[str], FloatArray, FloatArray] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
+    _finished_view: FinishedView | None = field(default=None, init=False, repr=False, compare=False)
     """`finished()` as last built (every checkpoint asks for it, and most checkpoints of a large job
     add few finishes, mostly later than every earlier one: the view is then extended, not rebuilt)."""
     _finished_since_view: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
@@ -132,11 +152,11 @@ class JobState:
         on exactly the same arrays as the state it replaces. The arrays are shared between calls until
         the finished set changes: callers must not modify them.
         """
-        ids, X, y = self._finished()
-        return list(ids), X, y
+        view = self.finished_view()
+        return list(view.ids), view.X, view.latency
 
-    def _finished(self) -> tuple[list[str], FloatArray, FloatArray]:
-        """The cached view `finished` returns (its id list not copied)."""
+    def finished_view(self) -> FinishedView:
+        """`finished` with the finish times, as cached (shared between calls: do not modify)."""
         view = self._finished_view
         if view is not None and self._finished_since_view:
             view = self._finished_view = self._extended(view, self._finished_since_view)
@@ -146,42 +166,56 @@ class JobState:
                 (t for t, r in self.tasks.items() if r.status == TaskStatus.FINISHED),
                 key=lambda t: (self.tasks[t].observed_at, t),
             )
-            X, y = self._arrays(ids, lambda r: r.latency)
-            view = self._finished_view = (ids, _frozen(X), _frozen(y))
+            view = self._finished_view = self._finished_rows(ids)
             self._finished_since_view = []
         return view
 
-    def _extended(
-        self, view: tuple[list[str], FloatArray, FloatArray], added: list[str]
-    ) -> tuple[list[str], FloatArray, FloatArray] | None:
+    def _extended(self, view: FinishedView, added: list[str]) -> FinishedView | None:
         """``view`` with the ``added`` finishes appended, or None if one of them sorts before its end."""
         tasks = self.tasks
         order = sorted(added, key=lambda t: (tasks[t].observed_at, t))
-        ids = view[0]
+        ids = view.ids
         if ids and (tasks[order[0]].observed_at, order[0]) < (tasks[ids[-1]].observed_at, ids[-1]):
             return None
-        X, y = self._arrays(order, lambda r: r.latency)
-        return ids + order, _frozen(np.concatenate([view[1], X])), _frozen(np.concatenate([view[2], y]))
+        more = self._finished_rows(order)
+        return FinishedView(
+            ids + more.ids,
+            *(_frozen(np.concatenate([old, new])) for old, new in zip(view[1:], more[1:], strict=True)),
+        )
 
-    def _arrays(self, ids: list[str], value: Callable[[TaskRecord], float]) -> tuple[FloatArray, FloatArray]:
-        """(features, value) of ``ids``, one row each."""
+    def _finished_rows(self, ids: list[str]) -> FinishedView:
+        """The view of the finished tasks ``ids``, in that order."""
         records = [self.tasks[t] for t in ids]
         X = np.array([r.features for r in records]).reshape(len(ids), self.n_features)
-        return X, np.array([value(r) for r in records], dtype=np.float64)
+        latency = np.array([r.latency for r in records], dtype=np.float64)
+        finished_at = np.array([r.observed_at for r in records], dtype=np.float64)
+        return FinishedView(tuple(ids), _frozen(X), _frozen(latency), _frozen(finished_at))
 
     def running(self, at: float, *, unflagged_only: bool = True) -> tuple[list[str], FloatArray, FloatArray]:
         """(ids, features, elapsed at ``at``) of the running tasks, ordered by (start, task id)."""
-        ids = sorted(
-            (
-                t
-                for t, r in self.tasks.items()
-                if r.status == TaskStatus.RUNNING and not (unflagged_only and t in self.flagged)
-            ),
-            key=lambda t: (self.tasks[t].start, t),
+        view = self.running_view(at)
+        if not unflagged_only:
+            return view.ids, view.X, view.elapsed
+        keep = ~view.flagged
+        ids = [t for t, flagged in zip(view.ids, view.flagged.tolist(), strict=True) if not flagged]
+        return ids, view.X[keep], view.elapsed[keep]
+
+    def running_view(self, at: float) -> RunningView:
+        """Every running task, flagged or not, ordered by (start, task id), in one pass."""
+        flagged = self.flagged
+        running = TaskStatus.RUNNING
+        rows = [(r.start, t, r) for t, r in self.tasks.items() if r.status == running]
+        rows.sort(key=_start_then_id)
+        X = np.array([row[2].features for row in rows]).reshape(len(rows), self.n_features)
+        start = np.array([row[0] for row in rows], dtype=np.float64)
+        return RunningView(
+            ids=[row[1] for row in rows],
+            X=X,
+            start=start,
+            elapsed=np.maximum(at - start, 0.0),
+            flagged=np.array([row[1] in flagged for row in rows], dtype=bool),
+            attempt=[row[2].attempt for row in rows],
         )
-        X = np.array([self.tasks[t].features for t in ids]).reshape(len(ids), self.n_features)
-        elapsed = np.array([max(at - self.tasks[t].start, 0.0) for t in ids], dtype=np.float64)
-        return ids, X, elapsed
 
     def counts(self) -> dict[str, int]:
         out = {s.name.lower(): 0 for s in TaskStatus}
@@ -192,6 +226,10 @@ class JobState:
     @property
     def n_finished(self) -> int:
         return self._n_finished
+
+
+def _start_then_id(row: tuple[float, str, TaskRecord]) -> tuple[float, str]:
+    return row[0], row[1]
 
 
 def _frozen(array: FloatArray) -> FloatArray:

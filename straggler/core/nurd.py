@@ -27,7 +27,7 @@ from scipy.stats import chi2, rankdata
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
-from straggler.core.arrays import FloatArray
+from straggler.core.arrays import BoolArray, FloatArray
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
 from straggler.core.state import (
@@ -185,7 +185,7 @@ class Nurd(StragglerMethod):
         oof = np.empty(n)
         folds = KFold(self.skill_folds, shuffle=True, random_state=self.random_state)
         for train, test in folds.split(X):
-            oof[test] = self._regressor().fit(X[train], y[train]).predict(X[test])
+            oof[test] = _regressor_predict(self._regressor().fit(X[train], y[train]), X[test])
         r2 = 1.0 - float(np.mean((y - oof) ** 2)) / float(np.var(y))
         return float(np.clip(r2, 0.0, 1.0))
 
@@ -213,7 +213,7 @@ class Nurd(StragglerMethod):
             if not mine.any():
                 continue
             X = fit.scaler_.transform(data.X_finished[mine])
-            guess = fit.regressor_.predict(X) if fit.regressor_ is not None else fit.mean_target_
+            guess = _regressor_predict(fit.regressor_, X) if fit.regressor_ is not None else fit.mean_target_
             error += float(np.sum((y[mine] - guess) ** 2))
             baseline += float(np.sum((y[mine] - fit.mean_target_) ** 2))
         if baseline <= 1e-12:
@@ -242,7 +242,7 @@ class Nurd(StragglerMethod):
         if self.weighting != "none" and data.n_running > 0 and data.n_finished > 0:
             X_run = self.scaler_.transform(data.X_running)
             X = np.vstack([X_fin, X_run])
-            labels = np.r_[np.ones(len(X_fin)), np.zeros(len(X_run))]
+            labels = np.concatenate([np.ones(len(X_fin)), np.zeros(len(X_run))])
             self.propensity_ = LogisticRegression(
                 C=1.0,
                 max_iter=300,
@@ -432,7 +432,7 @@ class Nurd(StragglerMethod):
         """The regressor's prediction of the target (log latency if ``log_target``), unshrunk."""
         if self.regressor_ is None:
             return np.full(len(X), self.mean_target_)
-        return self.regressor_.predict(X).astype(np.float64)
+        return _regressor_predict(self.regressor_, X).astype(np.float64)
 
     def _raw_latency(self, X: FloatArray, guess: FloatArray | None = None) -> FloatArray:
         """Predicted latency, shrunk by the skill under the skill and backtest gates; ``guess``: the
@@ -456,7 +456,7 @@ class Nurd(StragglerMethod):
         """z / (1 - z) of a class-balanced propensity: ~ p(x | finished) / p(x | running)."""
         if self.propensity_ is None:
             return np.ones(len(X))
-        return _odds(self.propensity_.predict_proba(X)[:, 1])
+        return _odds(_positive_probability(self.propensity_, X))
 
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
@@ -465,7 +465,7 @@ class Nurd(StragglerMethod):
         X = self.scaler_.transform(data.X_running)
         guess = self._guess(X)
         latency = self._raw_latency(X, guess)
-        z = self.propensity_.predict_proba(X)[:, 1] if self.propensity_ is not None else np.ones(len(X))
+        z = _positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
         weight = self._weight(z)
         if self.gate != "calibrated" or data.n_finished == 0:
             return Scores.from_latency(latency, latency / weight, data.threshold, z, weight)
@@ -555,25 +555,61 @@ def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
     ``data.at``."""
     assert data.at is not None and data.running_ids is not None and data.start_running is not None
     now, threshold = float(data.at), data.threshold
-    known: dict[str, tuple[float, bool]] = {}
+    ids: list[str] = []
+    starts: list[FloatArray] = []
+    straggled: list[BoolArray] = []
     if data.finished_ids is not None and data.finish_time is not None:
-        starts = data.finish_time - data.latency_finished
-        for task, start, latency in zip(data.finished_ids, starts, data.latency_finished, strict=True):
-            known[task] = (float(start), bool(latency >= threshold))
-    running_starts = np.r_[data.start_running, data.flagged_start if data.flagged_start is not None else []]
-    for task, start in zip((*data.running_ids, *data.flagged_ids), running_starts, strict=True):
-        known[task] = (float(start), now - float(start) >= threshold)
-    rows = [
-        (prior, pct, shadow, float(outcome[1]))
-        for ranking in rankings
-        for task, start, pct, prior, shadow in zip(
-            ranking.ids, ranking.start, ranking.percentile, ranking.prior_logit, ranking.shadow, strict=True
+        ids.extend(data.finished_ids)
+        starts.append(data.finish_time - data.latency_finished)
+        straggled.append(data.latency_finished >= threshold)
+    running_starts = np.concatenate(
+        [data.start_running, data.flagged_start if data.flagged_start is not None else []]
+    )
+    ids.extend((*data.running_ids, *data.flagged_ids))
+    starts.append(running_starts)
+    straggled.append(now - running_starts >= threshold)
+    known_start, known_straggled = np.concatenate(starts), np.concatenate(straggled)
+    if len(known_start) != len(ids):
+        raise ValueError("a checkpoint's ids and starts differ in length")
+    row_of = {task: i for i, task in enumerate(ids)}  # a task's last row: running over finished
+    rows = [np.zeros((0, 4))]
+    for ranking in rankings:
+        found = np.array([row_of.get(task, -1) for task in ranking.ids], dtype=np.intp)
+        known = found >= 0
+        if not known.any():
+            continue
+        found = np.where(known, found, 0)
+        same_run = known & (np.abs(known_start[found] - ranking.start) <= 1e-6)
+        judged = same_run & (ranking.start + threshold <= now)
+        rows.append(
+            np.column_stack(
+                [
+                    ranking.prior_logit[judged],
+                    ranking.percentile[judged],
+                    ranking.shadow[judged],
+                    known_straggled[found[judged]].astype(np.float64),
+                ]
+            )
         )
-        if (outcome := known.get(task)) is not None
-        and abs(outcome[0] - start) <= 1e-6
-        and start + threshold <= now
-    ]
-    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+    return np.asarray(np.concatenate(rows), dtype=np.float64)
+
+
+def _regressor_predict(model: xgb.XGBRegressor, X: FloatArray) -> FloatArray:
+    """``model.predict(X)``: the booster's own in-place prediction, which the scikit-learn wrapper
+    calls for a NumPy array (all trees: NURD never stops early), without the wrapper's per-call
+    configuration."""
+    return np.asarray(model.get_booster().inplace_predict(X, missing=np.nan))
+
+
+def _positive_probability(model: LogisticRegression, X: FloatArray) -> FloatArray:
+    """``model.predict_proba(X)[:, 1]`` of a binary ``model``, bit for bit: the same product, sum
+    and `expit`, without scikit-learn's input checks for the finite float arrays NURD scores
+    (anything else goes through scikit-learn, which rejects it as before)."""
+    plain = X.dtype == np.float64 and X.ndim == 2 and len(X) > 0 and X.shape[1] == model.coef_.shape[1]
+    if not (plain and len(model.classes_) == 2 and np.isfinite(X).all()):
+        return np.asarray(model.predict_proba(X)[:, 1], dtype=np.float64)
+    scores = X @ model.coef_.T + model.intercept_
+    return np.asarray(expit(scores.reshape(-1)), dtype=np.float64)
 
 
 def _odds(z: FloatArray) -> FloatArray:
@@ -582,7 +618,7 @@ def _odds(z: FloatArray) -> FloatArray:
 
 
 def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> float:
-    p = np.clip(model.predict_proba(X)[:, 1], 1e-12, 1.0 - 1e-12)
+    p = np.clip(_positive_probability(model, X), 1e-12, 1.0 - 1e-12)
     return float(np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from straggler.core.arrays import FloatArray
-from straggler.core.jobstate import JobState, TaskStatus
+from straggler.core.jobstate import JobState
 from straggler.core.method import CheckpointData, StragglerMethod
 from straggler.core.threshold import online_threshold
 
@@ -85,45 +85,50 @@ class OnlineJob:
         if self.fixed_threshold is not None:
             return self.fixed_threshold
         if running_elapsed is None:
-            _, _, running_elapsed = self.state.running(at, unflagged_only=False)
+            running_elapsed = self.state.running_view(at).elapsed
         return online_threshold(finished_latency, running_elapsed, self.quantile).value
 
     def checkpoint(self, at: float) -> list[Decision]:
         """Evaluate the job at checkpoint time ``at``; returns one decision per evaluated task."""
         if not self.ready():
             return []
-        finished_ids, X_fin, y_fin = self.state.finished()
-        all_ids, X_all, elapsed_all = self.state.running(at, unflagged_only=False)
-        unflagged = [i for i, t in enumerate(all_ids) if t not in self.state.flagged]
-        ids = [all_ids[i] for i in unflagged]
-        X_run, elapsed = X_all[unflagged], elapsed_all[unflagged]
-        threshold = self.threshold_at(y_fin, at, elapsed_all)
+        finished = self.state.finished_view()
+        running = self.state.running_view(at)
+        keep = ~running.flagged
+        is_flagged = running.flagged.tolist()
+        ids = [t for t, flagged in zip(running.ids, is_flagged, strict=True) if not flagged]
+        elapsed = running.elapsed[keep]
+        threshold = self.threshold_at(finished.latency, at, running.elapsed)
         if not ids or not math.isfinite(threshold):
             return []
-        tasks = self.state.tasks
-        flagged_ids = sorted(t for t in self.state.flagged if tasks[t].status == TaskStatus.RUNNING)
+        flagged_running = sorted(  # by task id (unique)
+            (t, start)
+            for t, start, flagged in zip(running.ids, running.start.tolist(), is_flagged, strict=True)
+            if flagged
+        )
         data = CheckpointData(
-            X_fin,
-            y_fin,
-            X_run,
+            finished.X,
+            finished.latency,
+            running.X[keep],
             elapsed,
             threshold,
             self.state.expected_tasks,
             at=at,
-            finish_time=np.array([tasks[t].observed_at for t in finished_ids], dtype=np.float64),
-            start_running=np.array([tasks[t].start for t in ids], dtype=np.float64),
+            finish_time=finished.finished_at,
+            start_running=running.start[keep],
             running_ids=tuple(ids),
-            finished_ids=tuple(finished_ids),
-            flagged_ids=tuple(flagged_ids),
-            flagged_start=np.array([tasks[t].start for t in flagged_ids], dtype=np.float64),
+            finished_ids=finished.ids,
+            flagged_ids=tuple(t for t, _ in flagged_running),
+            flagged_start=np.array([start for _, start in flagged_running], dtype=np.float64),
         )
         if not self.calibrated:
             self.method.calibrate(data)
             self.calibrated = True
-        if self.model_version == 0 or len(y_fin) >= self.fitted_on * (1.0 + self.refit_growth):
+        n_finished = len(finished.latency)
+        if self.model_version == 0 or n_finished >= self.fitted_on * (1.0 + self.refit_growth):
             self.method.fit(data)
             self.model_version += 1
-            self.fitted_on = len(y_fin)
+            self.fitted_on = n_finished
         scores = self.method.predict(data)
         if self.method.predicts_latency:
             adjusted = np.maximum(scores.adjusted, elapsed)
@@ -131,26 +136,42 @@ class OnlineJob:
         else:
             adjusted = scores.adjusted
             straggles = scores.is_straggler | (elapsed >= threshold)
+        attempts = [
+            a for a, flagged in zip(running.attempt, running.flagged.tolist(), strict=True) if not flagged
+        ]
+        probability = np.where(elapsed >= threshold, 1.0, scores.probability)
+        threshold = float(threshold)
+        job_id, version = self.job_id, self.model_version
         decisions = []
-        for i, task_id in enumerate(ids):
-            flagged = bool(straggles[i])
+        for task_id, flagged, elapsed_i, raw, adjusted_i, propensity, weight, p, attempt in zip(
+            ids,
+            np.asarray(straggles, dtype=bool).tolist(),
+            elapsed.tolist(),
+            scores.latency.tolist(),
+            adjusted.tolist(),
+            scores.propensity.tolist(),
+            scores.weight.tolist(),
+            probability.tolist(),
+            attempts,
+            strict=True,
+        ):
             if flagged:
                 self.state.flag(task_id, at)
             decisions.append(
                 Decision(
-                    job_id=self.job_id,
+                    job_id=job_id,
                     task_id=task_id,
                     checkpoint_time=at,
-                    elapsed=float(elapsed[i]),
-                    raw_latency=float(scores.latency[i]),
-                    adjusted_latency=float(adjusted[i]),
-                    propensity=float(scores.propensity[i]),
-                    weight=float(scores.weight[i]),
-                    threshold=float(threshold),
+                    elapsed=elapsed_i,
+                    raw_latency=raw,
+                    adjusted_latency=adjusted_i,
+                    propensity=propensity,
+                    weight=weight,
+                    threshold=threshold,
                     is_straggler=flagged,
-                    model_version=self.model_version,
-                    attempt=tasks[task_id].attempt,
-                    straggle_probability=1.0 if elapsed[i] >= threshold else float(scores.probability[i]),
+                    model_version=version,
+                    attempt=attempt,
+                    straggle_probability=p,
                 )
             )
         return decisions

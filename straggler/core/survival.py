@@ -38,15 +38,15 @@ class LatencySurvival:
         if len(finished) == 0:
             raise ValueError("a survival curve needs at least one finished latency")
         running_elapsed = np.asarray(running_elapsed, dtype=np.float64)
-        durations = np.r_[finished, running_elapsed]
-        observed = np.r_[np.ones(len(finished)), np.zeros(len(running_elapsed))]
+        durations = np.concatenate([finished, running_elapsed])
+        observed = np.concatenate([np.ones(len(finished)), np.zeros(len(running_elapsed))])
         times, survival = kaplan_meier(durations, observed)
         self.times = times
         self.values = survival
         self.last_time = float(times[-1])
         self.last_value = float(survival[-1])
-        widths = np.diff(np.r_[0.0, times])
-        restricted_mean = float(np.sum(widths * np.r_[1.0, survival[:-1]]))
+        widths = np.diff(np.concatenate([[0.0], times]))
+        restricted_mean = float(np.sum(widths * np.concatenate([[1.0], survival[:-1]])))
         self.tail_scale = max(restricted_mean, 1e-9)
 
     def sf(self, x: FloatArray) -> FloatArray:

@@ -30,6 +30,20 @@ def oracle_threshold(latencies: FloatArray, quantile: float = 0.9) -> float:
     return float(np.quantile(values, quantile))
 
 
+_LOG_SQRT_2PI = np.log(np.sqrt(2 * np.pi))
+"""As `scipy.stats.norm` has it."""
+
+
+def _normal_logpdf(x: FloatArray, mu: float, sigma: float) -> FloatArray:
+    """``scipy.stats.norm.logpdf(x, mu, sigma)`` bit for bit, without its argument checks (the
+    optimiser calls it for every step): the same operations, in the same order, where every ``x`` is
+    finite and ``sigma`` is; scipy's own otherwise."""
+    z = np.asarray((x - mu) / sigma, dtype=np.float64)
+    if not (np.isfinite(sigma) and sigma > 0 and np.isfinite(z).all()):
+        return np.asarray(stats.norm.logpdf(x, mu, sigma), dtype=np.float64)
+    return -(z**2) / 2.0 - _LOG_SQRT_2PI - np.log(np.full(len(z), sigma))
+
+
 def _lognormal_censored_quantile(finished: FloatArray, censored: FloatArray, quantile: float) -> float:
     """Quantile of a log-normal fitted by maximum likelihood with right-censored observations."""
     y = np.log(np.maximum(finished, 1e-3))
@@ -40,7 +54,7 @@ def _lognormal_censored_quantile(finished: FloatArray, censored: FloatArray, qua
     def nll(params: FloatArray) -> float:
         mu, log_sigma = params
         sigma = np.exp(log_sigma)
-        ll = np.sum(stats.norm.logpdf(y, mu, sigma)) if len(y) else 0.0
+        ll = np.sum(_normal_logpdf(y, mu, sigma)) if len(y) else 0.0
         if len(c):
             ll += np.sum(special.log_ndtr(-(c - mu) / sigma))
         return -float(ll)
@@ -68,8 +82,8 @@ def online_threshold(
     """Censoring-aware estimate of the job's latency quantile from what a checkpoint shows."""
     if len(finished_latency) == 0:
         return ThresholdEstimate(float("inf"), False)
-    durations = np.r_[finished_latency, running_elapsed].astype(np.float64)
-    observed = np.r_[np.ones(len(finished_latency)), np.zeros(len(running_elapsed))]
+    durations = np.concatenate([finished_latency, running_elapsed]).astype(np.float64)
+    observed = np.concatenate([np.ones(len(finished_latency)), np.zeros(len(running_elapsed))])
     times, survival = kaplan_meier(durations, observed)
     below = np.flatnonzero(survival <= 1.0 - quantile + 1e-12)
     if len(below):
