@@ -1,6 +1,6 @@
 """Where `OnlineJob.checkpoint` spends its time, per checkpoint and by part, without a broker.
 
-Replays synthetic jobs through `OnlineJob` as the evaluator does (`straggler.core.online_replay`,
+Runs synthetic jobs through `OnlineJob` as the evaluator does (`straggler.core.recorded_run`,
 online threshold) and times each part by wrapping it: the views (`JobState.finished`/`running`), the
 online threshold, the method's fit (of which XGBoost and the ranking calibration) and predict. Pure:
 no Kafka, no subprocess; the model-cost figure of docs/performance.md, one checkpoint at a time.
@@ -30,7 +30,7 @@ import xgboost as xgb  # noqa: E402
 
 from straggler.core import jobstate, nurd, online  # noqa: E402
 from straggler.core.jobtrace import JobTrace  # noqa: E402
-from straggler.core.online_replay import replay_trace  # noqa: E402
+from straggler.core.recorded_run import recorded_decisions  # noqa: E402
 from straggler.evaluation import EvaluationConfig, online_job  # noqa: E402
 from straggler.traces.synthetic import generate_jobs  # noqa: E402
 
@@ -97,7 +97,7 @@ def run(traces: list[JobTrace], method: str) -> tuple[int, float, dict[str, floa
     try:
         with timed_parts(seconds):
             for trace in traces:
-                for verdicts in replay_trace(online_job(trace, method, config), trace):
+                for verdicts in recorded_decisions(online_job(trace, method, config), trace):
                     checkpoints += 1
                     decisions += len(verdicts)
     finally:
