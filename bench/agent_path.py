@@ -15,11 +15,12 @@ import argparse
 import hashlib
 import time
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from benchlib import concurrent_jobs, machine
 
-from pipeline.handler import JobEventHandler
+from pipeline.handler import InputRecord, JobEventHandler
 from pipeline.jobstore import JobStore, new_online_job
 from producers.replayer import ReplayResult, TraceReplayer, _ended, _started
 from schemas import (
@@ -28,7 +29,7 @@ from schemas import (
     JobEvent,
     TaskBatch,
     TaskCheckpoint,
-    decode,
+    TaskObservations,
     encode,
     task_batches,
 )
@@ -41,17 +42,20 @@ WALL_CLOCK = 1.7e9
 """Every record's ``produced_at``, so the digest compares runs."""
 
 
-def replayed_records(traces: Sequence[JobTrace]) -> list[bytes]:
+def replayed_records(traces: Sequence[JobTrace]) -> list[InputRecord]:
     """Each job's records as the replayer produces them in open loop: start, then per checkpoint its
     task batches and boundary, then the end (jobs one after another)."""
     replayer = TraceReplayer(traces, "unused:0", progress=False)
-    records: list[bytes] = []
+    records: list[InputRecord] = []
 
     def send(topic: str, job_id: str, event: Event) -> None:
-        records.append(encode(event))
+        if isinstance(event, CheckpointBoundary):
+            event = replace(event, produced_at=WALL_CLOCK)
+        records.append(_record(job_id, encode(event)))
 
     def send_tasks(topic: str, job_id: str, events: Sequence[TaskCheckpoint]) -> None:
-        records.extend(task_batches(job_id, events, source=events[0].source, produced_at=WALL_CLOCK))
+        payloads = task_batches(job_id, events, source=events[0].source, produced_at=WALL_CLOCK)
+        records.extend(_record(job_id, payload) for payload in payloads)
 
     result = ReplayResult(0, 0, len(traces), 0, 0.0)
     for trace in traces:
@@ -63,7 +67,7 @@ def replayed_records(traces: Sequence[JobTrace]) -> list[bytes]:
     return records
 
 
-def run_once(records: Sequence[bytes], method: str) -> tuple[dict[str, float], int, str]:
+def run_once(records: Sequence[InputRecord], method: str) -> tuple[dict[str, float], int, str]:
     """Seconds per stage, observations, and the digest of every prediction part and task row."""
     tasks: dict[bytes, bytes] = {}
     jobs: dict[bytes, bytes] = {}
@@ -75,20 +79,19 @@ def run_once(records: Sequence[bytes], method: str) -> tuple[dict[str, float], i
     digest = hashlib.sha256()
     observed = 0
     clock: Callable[[], float] = time.perf_counter
-    for value in records:
+    for record in records:
         t0 = clock()
-        event = decode(value)
-        valid: list[Any] = []
-        if isinstance(event, TaskBatch):
-            valid = _returned(handler._valid_observations(_Record(value), event))
+        event = handler.admit(record)
+        if isinstance(event, TaskBatch):  # a batch with a bad observation (none here)
+            valid = _returned(handler._valid_observations(record, event))
+            event = TaskObservations(event.job_id, valid)
         t1 = clock()
         seconds["decode"] += t1 - t0
         if isinstance(event, JobEvent):
             handler._apply_job_event(event)
-        elif isinstance(event, TaskBatch):
+        elif isinstance(event, TaskObservations):
             observed += len(event.observations)
-            for observation in valid:
-                handler._apply_task(observation)
+            handler._apply_tasks(event)
             t2 = clock()
             store.write_changes(event.job_id)
             t3 = clock()
@@ -114,11 +117,8 @@ def _returned(steps: Generator[Any, None, list[Any]]) -> list[Any]:
             return list(stop.value)
 
 
-class _Record:
-    """What `JobEventHandler._valid_observations` reads of an input record."""
-
-    def __init__(self, value: bytes) -> None:
-        self.key, self.value, self.topic, self.partition, self.offset = b"", value, "in", 0, 0
+def _record(job_id: str, value: bytes) -> InputRecord:
+    return InputRecord(job_id.encode(), value, "in", 0, 0)
 
 
 def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[list[bytes], float, float]:
@@ -151,7 +151,9 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--tasks", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)

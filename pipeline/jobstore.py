@@ -216,6 +216,10 @@ class JobStore:
         """Note that a task of ``job`` changed; `write_changes` writes it."""
         self._cached(job.job_id).changed.add(task_id)
 
+    def put_tasks(self, job: OnlineJob, task_ids: Iterable[str]) -> None:
+        """`put_task` for each of ``task_ids``."""
+        self._cached(job.job_id).changed.update(task_ids)
+
     def write_changes(self, job_id: str) -> int:
         """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
         cached = self._cache.get(job_id)
@@ -310,11 +314,6 @@ class JobStore:
         self._cache.pop(job_id, None)
         self._unacknowledged.discard(job_id)
         return len(keys)
-
-
-def feature_vector(names: list[str], features: Mapping[str, float]) -> np.ndarray[Any, np.dtype[np.float64]]:
-    """Features in the job's order; a name the event leaves out is unknown (NaN)."""
-    return np.array([features.get(name, np.nan) for name in names], dtype=np.float64)
 
 
 def new_online_job(make_method: Callable[[], StragglerMethod], settings: Mapping[str, Any]) -> JobFactory:
