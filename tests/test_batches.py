@@ -288,20 +288,24 @@ def _decision(i: int, flag: bool) -> Decision:
     )
 
 
+def _marker_of(decisions: list[Decision], boundary_produced_at: float | None) -> CheckpointEvaluated:
+    return CheckpointEvaluated(
+        job_id="job-1",
+        checkpoint_time=600.0,
+        evaluated=len(decisions),
+        flagged=sum(d.is_straggler for d in decisions),
+        model_version=4,
+        boundary_produced_at=boundary_produced_at,
+        produced_at=1.7e9,
+    )
+
+
 @pytest.mark.parametrize("n", [0, 1, 37, 3000])
 def test_prediction_parts_are_the_bytes_of_validated_prediction_events(n: int) -> None:
     """The agent's by-column parts (no schema check) are those of one validated `Prediction` per
     decision, and every part passes the schema."""
     decisions = [_decision(i, flag=i % 97 == 0) for i in range(n)]
-    marker = CheckpointEvaluated(
-        job_id="job-1",
-        checkpoint_time=600.0,
-        evaluated=n,
-        flagged=sum(d.is_straggler for d in decisions),
-        model_version=4,
-        boundary_produced_at=None if n == 1 else 1.6e9,
-        produced_at=1.7e9,
-    )
+    marker = _marker_of(decisions, None if n == 1 else 1.6e9)
     parts = prediction_parts(decisions, "nurd", marker)
     assert parts == prediction_batches([prediction_event(d, "nurd", 1.7e9) for d in decisions], marker)
     assert (len(parts) > 1) == (n == 3000)
@@ -310,16 +314,11 @@ def test_prediction_parts_are_the_bytes_of_validated_prediction_events(n: int) -
 
 
 def test_prediction_parts_refuse_numbers_json_cannot_carry() -> None:
-    marker = CheckpointEvaluated(
-        job_id="job-1",
-        checkpoint_time=600.0,
-        evaluated=2,
-        flagged=0,
-        model_version=4,
-        boundary_produced_at=None,
-        produced_at=1.7e9,
-    )
-    for name, value in (("raw_latency", math.inf), ("elapsed", math.nan), ("weight", -math.inf)):
-        decisions = [_decision(0, False), dataclasses.replace(_decision(1, False), **{name: value})]
+    good = _decision(0, False)
+    for name, bad in (
+        ("raw_latency", dataclasses.replace(good, raw_latency=math.inf)),
+        ("elapsed", dataclasses.replace(good, elapsed=math.nan)),
+        ("weight", dataclasses.replace(good, weight=-math.inf)),
+    ):
         with pytest.raises(SchemaError, match=rf"prediction_batch\.{name}\[1\]"):
-            prediction_parts(decisions, "nurd", marker)
+            prediction_parts([good, bad], "nurd", _marker_of([good, bad], None))
