@@ -17,7 +17,7 @@ from typing import Protocol
 
 import orjson
 
-from pipeline.jobstore import JobStore, feature_vector
+from pipeline.jobstore import JobStore
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -26,19 +26,20 @@ from schemas import (
     SchemaError,
     TaskBatch,
     TaskCheckpoint,
+    TaskObservations,
     dead_letter_for,
     decode,
     encode,
     observations,
-    prediction_batches,
+    read_task_batch,
 )
-from straggler.core.decision_event import prediction_event
+from straggler.core.decision_event import prediction_parts
 from straggler.core.online import Decision, OnlineJob
 from straggler.kafka.routing import Forward, Reject, route
 
 log = logging.getLogger(__name__)
 
-TaskInput = list[TaskCheckpoint] | CheckpointBoundary
+TaskInput = TaskObservations | CheckpointBoundary
 """What a job's input record asks of it (its valid task observations, or a boundary); it needs the
 job's 'started' event first."""
 
@@ -159,14 +160,17 @@ class JobEventHandler:
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
 
-    def admit(self, record: InputRecord) -> Event | SendDeadLetter | ForwardRecord:
-        """The record's event, to `handle` here; or what disposes of it (a dead letter, a forward)."""
+    def admit(self, record: InputRecord) -> Event | TaskObservations | SendDeadLetter | ForwardRecord:
+        """The record's event (a valid task batch read in one pass), to `handle` here; or what disposes
+        of it (a dead letter, a forward)."""
         self.stats.events += 1
-        try:
-            decoded = decode(record.value)
-        except SchemaError as error:
-            return self._dead_letter(record, error)
-        if isinstance(decoded, TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent):
+        decoded: Event | TaskObservations | None = read_task_batch(record.value)
+        if decoded is None:
+            try:
+                decoded = decode(record.value)
+            except SchemaError as error:
+                return self._dead_letter(record, error)
+        if isinstance(decoded, TaskObservations | TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent):
             where = route(record.key, decoded.job_id, record.partition, self.partitions)
             if isinstance(where, Forward):
                 self.stats.forwarded += 1
@@ -175,18 +179,22 @@ class JobEventHandler:
                 return self._dead_letter(record, where.reason)
         return decoded
 
-    def handle(self, record: InputRecord, decoded: Event) -> Iterator[Action]:
+    def handle(self, record: InputRecord, decoded: Event | TaskObservations) -> Iterator[Action]:
         """Apply an admitted event; a task input of a job not started yet waits in `pending`."""
-        if isinstance(decoded, TaskCheckpoint | TaskBatch | CheckpointBoundary):
+        if isinstance(decoded, TaskObservations | TaskCheckpoint | TaskBatch | CheckpointBoundary):
             work: TaskInput
-            if isinstance(decoded, TaskCheckpoint):
+            if isinstance(decoded, TaskObservations):
+                self.stats.task_events += len(decoded.observations)
+                work = decoded
+            elif isinstance(decoded, TaskCheckpoint):
                 self.stats.task_events += 1
-                work = [decoded]
+                work = TaskObservations(decoded.job_id, [decoded])
             elif isinstance(decoded, TaskBatch):
                 self.stats.task_events += len(decoded.observations)
-                work = yield from self._valid_observations(record, decoded)
-                if not work:
+                valid = yield from self._valid_observations(record, decoded)
+                if not valid:
                     return
+                work = TaskObservations(decoded.job_id, valid)
             else:
                 self.stats.boundaries += 1
                 work = decoded
@@ -277,37 +285,24 @@ class JobEventHandler:
         if isinstance(work, CheckpointBoundary):
             yield from self._apply_boundary(work)
             return
-        yield from self._settled(work[0].job_id)
-        for observation in work:
-            self._apply_task(observation)
-        self.store.write_changes(work[0].job_id)  # before any action: nothing is left pending
+        yield from self._settled(work.job_id)
+        self._apply_tasks(work)
+        self.store.write_changes(work.job_id)  # before any action: nothing is left pending
 
-    def _apply_task(self, event: TaskCheckpoint) -> None:
-        """Feed one task event to its (known) job; `JobStore.write_changes` writes what it changed."""
+    def _apply_tasks(self, work: TaskObservations) -> None:
+        """Feed task observations to their (known) job; `JobStore.write_changes` writes what they changed."""
         store = self.store
-        meta = store.meta(event.job_id)
-        job = store.job(event.job_id)
+        meta = store.meta(work.job_id)
+        job = store.job(work.job_id)
         assert meta is not None and job is not None
         if not meta.feature_names:
-            meta.feature_names = list(event.features)
-            store.save_meta(event.job_id, meta)
-            job = store.reload(event.job_id)  # rebuild with the right feature count
+            meta.feature_names = list(work.observations[0].features)
+            store.save_meta(work.job_id, meta)
+            job = store.reload(work.job_id)  # rebuild with the right feature count
             assert job is not None
-        x = feature_vector(meta.feature_names, event.features)
-        if event.status == "running":
-            start = event.start_time if event.start_time is not None else event.checkpoint_time
-            changed = job.state.observe_running(event.task_id, x, start, event.checkpoint_time, event.attempt)
-        elif event.status == "finished":
-            assert event.latency is not None  # the schema requires it
-            changed = job.state.observe_finished(
-                event.task_id, x, event.latency, event.checkpoint_time, event.attempt
-            )
-        else:
-            changed = job.state.observe_gone(event.task_id, event.checkpoint_time, event.attempt)
-        if changed:
-            store.put_task(job, event.task_id)
-        else:
-            self.stats.ignored += 1
+        changed = job.state.observe_all(work.observations, meta.feature_names)
+        store.put_tasks(job, changed)
+        self.stats.ignored += len(work.observations) - len(changed)
 
     def _apply_boundary(self, event: CheckpointBoundary) -> Iterator[Action]:
         meta = self.store.meta(event.job_id)
@@ -365,8 +360,7 @@ class JobEventHandler:
             boundary_produced_at=boundary_produced_at,
             produced_at=now,
         )
-        verdicts = [prediction_event(d, self.method, now) for d in decisions]
-        for part in prediction_batches(verdicts, marker):
+        for part in prediction_parts(decisions, self.method, marker):
             yield SendPredictionPart(key, part)
         yield from self._flush()  # the model and predictions are on the broker
         if self.metrics is not None:

@@ -50,11 +50,10 @@ def model_key(job_id: str, version: int) -> bytes:
 
 
 def task_row(record: TaskRecord, flagged_at: float | None) -> dict[str, Any]:
-    """One task's state as a JSON-ready dict (NaN written as null)."""
-    features = [nan_to_none(v) for v in record.features.tolist()]
+    """One task's state as a dict for `encode_changes` (the features as an array; NaN written as null)."""
     return {
         "s": int(record.status),
-        "x": features,
+        "x": record.features,
         "st": float(record.start),
         "t": float(record.observed_at),
         "a": int(record.attempt),
@@ -71,8 +70,15 @@ def read_task_row(row: Mapping[str, Any]) -> tuple[TaskRecord, float | None]:
 
 
 def encode_changes(rows: Mapping[str, Mapping[str, Any]]) -> bytes:
-    """A task row of the ``tasks`` table: task id -> `task_row`."""
-    return orjson.dumps(rows)
+    """A task row of the ``tasks`` table: task id -> `task_row` (orjson writes NaN as null)."""
+    return orjson.dumps(rows, option=orjson.OPT_SERIALIZE_NUMPY, default=_listed)
+
+
+def _listed(value: Any) -> Any:
+    """What orjson does not write itself: an array that is not C-contiguous."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} in a task row")
 
 
 def decode_changes(payload: bytes) -> dict[str, tuple[TaskRecord, float | None]]:
@@ -216,6 +222,10 @@ class JobStore:
         """Note that a task of ``job`` changed; `write_changes` writes it."""
         self._cached(job.job_id).changed.add(task_id)
 
+    def put_tasks(self, job: OnlineJob, task_ids: Iterable[str]) -> None:
+        """`put_task` for each of ``task_ids``."""
+        self._cached(job.job_id).changed.update(task_ids)
+
     def write_changes(self, job_id: str) -> int:
         """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
         cached = self._cache.get(job_id)
@@ -310,11 +320,6 @@ class JobStore:
         self._cache.pop(job_id, None)
         self._unacknowledged.discard(job_id)
         return len(keys)
-
-
-def feature_vector(names: list[str], features: Mapping[str, float]) -> np.ndarray[Any, np.dtype[np.float64]]:
-    """Features in the job's order; a name the event leaves out is unknown (NaN)."""
-    return np.array([features.get(name, np.nan) for name in names], dtype=np.float64)
 
 
 def new_online_job(make_method: Callable[[], StragglerMethod], settings: Mapping[str, Any]) -> JobFactory:

@@ -5,12 +5,17 @@ Producers publish only what `encode` accepts and consumers read only what `decod
 """
 
 from schemas.batches import (
+    VERDICT_COLUMNS,
+    Observation,
+    TaskObservations,
     decode_each,
     expand_predictions,
     observations,
     prediction_batches,
+    read_task_batch,
     task_batches,
     unbatched,
+    verdict_batches,
 )
 from schemas.codec import (
     DEAD_LETTER_MAX_ERROR_CHARS,
@@ -51,11 +56,13 @@ __all__ = [
     "KNOWN_VERSIONS",
     "MAX_PAYLOAD_BYTES",
     "SCHEMA_VERSION",
+    "VERDICT_COLUMNS",
     "CheckpointBoundary",
     "CheckpointEvaluated",
     "DeadLetter",
     "Event",
     "JobEvent",
+    "Observation",
     "Prediction",
     "PredictionBatch",
     "RelaunchCommand",
@@ -63,6 +70,7 @@ __all__ = [
     "Stage",
     "TaskBatch",
     "TaskCheckpoint",
+    "TaskObservations",
     "command_id",
     "dead_letter_for",
     "decode",
@@ -74,8 +82,10 @@ __all__ = [
     "none_to_nan",
     "observations",
     "prediction_batches",
+    "read_task_batch",
     "schema_document",
     "task_batches",
     "unbatched",
     "validate",
+    "verdict_batches",
 ]

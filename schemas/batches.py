@@ -10,18 +10,20 @@ within 64 KiB. Readers turn them back into the single-item events (`TaskCheckpoi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
+import numpy as np
 
-from schemas.codec import SchemaError, decode, decode_object, encode
+from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode, decode_object, encode, payload_size, written
 from schemas.events import CheckpointEvaluated, Event, Prediction, PredictionBatch, TaskBatch, TaskCheckpoint
 
 _ENVELOPE = ("type", "schema_version", "job_id", "source")
 """task_checkpoint fields a batch carries once, not per observation."""
 
-_VERDICT_COLUMNS = (
+VERDICT_COLUMNS = (
     "task_id",
     "attempt",
     "elapsed",
@@ -32,15 +34,25 @@ _VERDICT_COLUMNS = (
     "weight",
     "straggle_probability",
 )
-
-Item = TypeVar("Item")
+"""The columns of a ``prediction_batch``, one entry per verdict."""
+_NUMBER_COLUMNS = (
+    "elapsed",
+    "raw_latency",
+    "adjusted_latency",
+    "propensity",
+    "weight",
+    "straggle_probability",
+)
+"""The float columns: ``elapsed`` (never null), then those null where a method has no value."""
+_NULLABLE_COLUMNS = frozenset(_NUMBER_COLUMNS) - {"elapsed"}
 
 _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 _NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 
 
-class _Observation(msgspec.Struct, forbid_unknown_fields=True):
-    """The rules of task_checkpoint.v1.schema.json for a batch body, as msgspec checks them in C."""
+class Observation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One observation of a task_batch, checked by msgspec in C against the rules of
+    task_checkpoint.v1.schema.json (less the finished/latency rule, `read_task_batch` checks it)."""
 
     task_id: _Id
     attempt: Annotated[int, msgspec.Meta(ge=0)]
@@ -52,33 +64,68 @@ class _Observation(msgspec.Struct, forbid_unknown_fields=True):
     start_time: _NonNegative | None = None
 
 
-class _Batch(msgspec.Struct, forbid_unknown_fields=True):
+class _Batch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["task_batch"]
     schema_version: Literal[1]
     job_id: _Id
-    observations: Annotated[list[_Observation], msgspec.Meta(max_length=4096)]
+    observations: Annotated[list[Observation], msgspec.Meta(max_length=4096)]
     produced_at: _NonNegative | None = None
     source: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
 _FAST_DECODER = msgspec.json.Decoder(_Batch)
+_BATCH_PREFIX = b'{"type":"task_batch"'
+"""How `encode` starts a task_batch record (its first field is the type)."""
 
 
-def _fast_observations(payload: bytes) -> list[TaskCheckpoint | SchemaError] | None:
-    """Every observation of a task_batch record, if all are valid; None if any is not (or the record
-    is not a batch), and the caller takes the per-observation path, which names each error.
+@dataclass(frozen=True, slots=True)
+class TaskObservations:
+    """Valid task observations of one job, in the order they happened: all of a task_batch record's
+    (`read_task_batch`), or the valid ones of a record once the bad ones are dead-lettered."""
+
+    job_id: str
+    observations: Sequence[Observation | TaskCheckpoint]
+    type: ClassVar[str] = "task_batch"
+    """The record type they came in, as an event's (for log lines)."""
+
+
+def read_task_batch(payload: bytes | bytearray | memoryview | str | None) -> TaskObservations | None:
+    """A task_batch record whose observations are all valid, read and checked in one compiled pass;
+    None for any other record, or one with a bad observation: `decode` it (and `observations`), which
+    names each error. The same observations either way (tests/test_batches.py).
 
     msgspec is stricter than the JSON Schema (it refuses 3.0 for an integer): anything it refuses goes
-    the slow way, so it never accepts what the schema rejects (tests/test_batches.py checks the rules).
+    the slow way, so this never accepts what `decode` rejects. Only records that start as `encode`
+    writes them are tried, so other records cost no failed attempt.
     """
+    if payload is None or payload_size(payload) > MAX_PAYLOAD_BYTES:
+        return None
+    head = payload[: len(_BATCH_PREFIX)]
+    if head != (_BATCH_PREFIX.decode() if isinstance(payload, str) else _BATCH_PREFIX):
+        return None
+    batch = _checked_batch(payload)
+    return None if batch is None else TaskObservations(batch.job_id, batch.observations)
+
+
+def _checked_batch(payload: bytes | bytearray | memoryview | str) -> _Batch | None:
+    """The record as a `_Batch` if it is a task_batch whose observations are all valid, else None."""
     try:
         batch = _FAST_DECODER.decode(payload)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.MsgspecError, ValueError):  # invalid UTF-8 raises UnicodeDecodeError
         return None
-    out: list[TaskCheckpoint | SchemaError] = []
     for o in batch.observations:
         if (o.status == "finished") != (o.latency is not None):
             return None
+    return batch
+
+
+def _fast_observations(payload: bytes) -> list[TaskCheckpoint | SchemaError] | None:
+    """Every observation of a task_batch record as a `TaskCheckpoint`, if all are valid; else None."""
+    batch = _checked_batch(payload)
+    if batch is None:
+        return None
+    out: list[TaskCheckpoint | SchemaError] = []
+    for o in batch.observations:
         out.append(
             TaskCheckpoint(
                 job_id=batch.job_id,
@@ -148,16 +195,18 @@ def task_batches(
         bodies.append({k: v for k, v in obj.items() if k not in _ENVELOPE})
     stamp = time.time() if produced_at is None else produced_at
 
-    def build(part: list[dict[str, Any]]) -> Event:
-        return TaskBatch(job_id=job_id, observations=part, produced_at=stamp, source=source)
+    def payload(start: int, stop: int) -> bytes:
+        part = bodies[start:stop]
+        return encode(TaskBatch(job_id=job_id, observations=part, produced_at=stamp, source=source))
 
-    return _encode_in_parts(bodies, build)
+    return [written_run for _, _, written_run in _fitting(0, len(bodies), payload)]
 
 
 def prediction_batches(predictions: Sequence[Prediction], marker: CheckpointEvaluated) -> list[bytes]:
     """Encoded ``prediction_batch`` parts for one job checkpoint: ``predictions`` and its marker.
 
     The predictions must all be of the marker's job and checkpoint and share one method and threshold.
+    Each part is validated (`encode`); the agent writes the same parts with `verdict_batches`.
     """
     if any(p.job_id != marker.job_id or p.checkpoint_time != marker.checkpoint_time for p in predictions):
         raise ValueError("prediction_batches: predictions of another job or checkpoint than the marker")
@@ -168,16 +217,31 @@ def prediction_batches(predictions: Sequence[Prediction], marker: CheckpointEval
             f"prediction_batches: one method and threshold per checkpoint, got {methods}, {thresholds}"
         )
     (method,), (threshold,) = methods, thresholds
-    pieces = _fitting(list(predictions), lambda part: _prediction_part(part, marker, method, threshold, 0, 1))
-    first_chunk, first_payload = next(pieces)
-    chunks = [first_chunk, *(chunk for chunk, _ in pieces)]
-    if len(chunks) == 1:
-        return [first_payload]  # one part: already encoded as part 0 of 1
-    parts = len(chunks)
-    return [
-        encode(_prediction_part(chunk, marker, method, threshold, index, parts))
-        for index, chunk in enumerate(chunks)
-    ]
+    columns = {name: [getattr(p, name) for p in predictions] for name in VERDICT_COLUMNS}
+    columns["attempt"] = [0 if attempt is None else attempt for attempt in columns["attempt"]]
+    return _prediction_parts(columns, marker, method, threshold, encode)
+
+
+def verdict_batches(
+    columns: Mapping[str, list[Any]], marker: CheckpointEvaluated, method: str, threshold: float
+) -> list[bytes]:
+    """The ``prediction_batch`` parts of one job checkpoint given by column: the same bytes as
+    `prediction_batches` of the same verdicts, built without a `Prediction` per task.
+
+    ``columns`` maps each of `VERDICT_COLUMNS` to a list, entry i of each being task i's; a number the
+    method does not produce may be NaN (written null). Not checked against the schema: this is the
+    agent's own output on its hot path (tests/test_batches.py validates it); only non-finite numbers,
+    which JSON cannot carry, are refused.
+    """
+    for name in _NUMBER_COLUMNS:
+        values = np.asarray(columns[name], dtype=np.float64)
+        bad = np.isinf(values) if name in _NULLABLE_COLUMNS else ~np.isfinite(values)
+        if bad.any():
+            index = int(np.argmax(bad))
+            raise SchemaError(
+                f"prediction_batch.{name}[{index}]", "finite", "must be a finite number", float(values[index])
+            )
+    return _prediction_parts(columns, marker, method, threshold, _written)
 
 
 def expand_predictions(batch: PredictionBatch) -> tuple[list[Prediction], CheckpointEvaluated | None]:
@@ -185,7 +249,7 @@ def expand_predictions(batch: PredictionBatch) -> tuple[list[Prediction], Checkp
 
     Raises `SchemaError` if the columns differ in length (a rule JSON Schema cannot state).
     """
-    columns = [getattr(batch, name) for name in _VERDICT_COLUMNS]
+    columns = [getattr(batch, name) for name in VERDICT_COLUMNS]
     lengths = {len(column) for column in columns}
     if len(lengths) > 1:
         raise SchemaError(
@@ -245,62 +309,76 @@ def decode_each(payload: bytes | None) -> list[Event]:
     return unbatched(decode(payload))
 
 
-def _prediction_part(
-    part: Sequence[Prediction],
+def _prediction_parts(
+    columns: Mapping[str, list[Any]],
     marker: CheckpointEvaluated,
     method: str,
     threshold: float,
-    index: int,
-    parts: int,
-) -> PredictionBatch:
-    return PredictionBatch(
-        job_id=marker.job_id,
-        checkpoint_time=marker.checkpoint_time,
-        method=method,
-        model_version=marker.model_version,
-        threshold=threshold,
-        evaluated=marker.evaluated,
-        flagged=marker.flagged,
-        part=index,
-        parts=parts,
-        boundary_produced_at=marker.boundary_produced_at,
-        produced_at=marker.produced_at,
-        flagged_tasks=[p.task_id for p in part if p.is_straggler],
-        task_id=[p.task_id for p in part],
-        attempt=[0 if p.attempt is None else p.attempt for p in part],
-        elapsed=[p.elapsed for p in part],
-        is_straggler=[p.is_straggler for p in part],
-        raw_latency=[p.raw_latency for p in part],
-        adjusted_latency=[p.adjusted_latency for p in part],
-        propensity=[p.propensity for p in part],
-        weight=[p.weight for p in part],
-        straggle_probability=[p.straggle_probability for p in part],
-    )
+    write: Callable[[Event], bytes],
+) -> list[bytes]:
+    """The checkpoint's parts, cut within the size limit, each written by ``write``."""
+
+    def part(start: int, stop: int, index: int, parts: int) -> PredictionBatch:
+        cut = {name: columns[name][start:stop] for name in VERDICT_COLUMNS}
+        return PredictionBatch(
+            job_id=marker.job_id,
+            checkpoint_time=marker.checkpoint_time,
+            method=method,
+            model_version=marker.model_version,
+            threshold=threshold,
+            evaluated=marker.evaluated,
+            flagged=marker.flagged,
+            part=index,
+            parts=parts,
+            boundary_produced_at=marker.boundary_produced_at,
+            produced_at=marker.produced_at,
+            flagged_tasks=[t for t, flag in zip(cut["task_id"], cut["is_straggler"], strict=True) if flag],
+            task_id=cut["task_id"],
+            attempt=cut["attempt"],
+            elapsed=cut["elapsed"],
+            is_straggler=cut["is_straggler"],
+            raw_latency=cut["raw_latency"],
+            adjusted_latency=cut["adjusted_latency"],
+            propensity=cut["propensity"],
+            weight=cut["weight"],
+            straggle_probability=cut["straggle_probability"],
+        )
+
+    runs = list(_fitting(0, len(columns["task_id"]), lambda start, stop: write(part(start, stop, 0, 1))))
+    if len(runs) == 1:
+        return [runs[0][2]]  # one part: already written as part 0 of 1
+    return [write(part(start, stop, index, len(runs))) for index, (start, stop, _) in enumerate(runs)]
 
 
-def _encode_in_parts(items: list[Item], build: Callable[[list[Item]], Event]) -> list[bytes]:
-    return [payload for _, payload in _fitting(items, build)]
+def _written(event: Event) -> bytes:
+    return written(event.EVENT_TYPE, event.to_dict())
 
 
-def _fitting(items: list[Item], build: Callable[[list[Item]], Event]) -> Iterator[tuple[list[Item], bytes]]:
-    """``items`` cut into consecutive runs whose record passes its size and item limits, by halving."""
+def _fitting(start: int, stop: int, payload: Callable[[int, int], bytes]) -> Iterator[tuple[int, int, bytes]]:
+    """``[start, stop)`` cut into consecutive runs whose record passes its size and item limits, by
+    halving; ``payload`` writes the record of a run."""
     try:
-        payload = encode(build(items))
+        written_run = payload(start, stop)
     except SchemaError as error:
-        if error.rule not in ("maxSize", "maxItems") or len(items) <= 1:
+        if error.rule not in ("maxSize", "maxItems") or stop - start <= 1:
             raise
-        middle = len(items) // 2
-        yield from _fitting(items[:middle], build)
-        yield from _fitting(items[middle:], build)
+        middle = start + (stop - start) // 2
+        yield from _fitting(start, middle, payload)
+        yield from _fitting(middle, stop, payload)
         return
-    yield items, payload
+    yield start, stop, written_run
 
 
 __all__ = [
+    "VERDICT_COLUMNS",
+    "Observation",
+    "TaskObservations",
     "decode_each",
     "expand_predictions",
     "observations",
     "prediction_batches",
+    "read_task_batch",
     "task_batches",
     "unbatched",
+    "verdict_batches",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import orjson
@@ -19,9 +21,12 @@ from schemas import (
     expand_predictions,
     observations,
     prediction_batches,
+    read_task_batch,
     task_batches,
 )
 from schemas.batches import _fast_observations
+from straggler.core.decision_event import prediction_event, prediction_parts
+from straggler.core.online import Decision
 
 
 def _running(i: int, job: str = "job-1") -> TaskCheckpoint:
@@ -189,3 +194,131 @@ def test_the_fast_path_reads_valid_batches_as_the_schema_does() -> None:
         batch = _batch(payload)
         fast = _fast_observations(payload)
         assert fast is not None and fast == observations(batch)  # same events either way
+
+
+@pytest.mark.parametrize("body", _rule_violations_of_task_checkpoint())
+def test_the_one_pass_reader_accepts_no_batch_with_a_bad_observation(body: dict[str, Any]) -> None:
+    payload = orjson.dumps({"type": "task_batch", "schema_version": 1, "job_id": "j", "observations": [body]})
+    assert read_task_batch(payload) is None  # the agent then decodes it and letters the observation
+
+
+def _valid_batch(**changes: Any) -> dict[str, Any]:
+    obj = orjson.loads(task_batches("job-1", [_running(1), _running(2)], source="replayer")[0])
+    return {**obj, **changes}
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(_valid_batch(schema_version=2), id="unknown-version"),
+        pytest.param(_valid_batch(job_id=""), id="empty-job"),
+        pytest.param(_valid_batch(job_id="j" * 257), id="long-job"),
+        pytest.param(_valid_batch(produced_at=-1.0), id="negative-produced-at"),
+        pytest.param(_valid_batch(source="s" * 257), id="long-source"),
+        pytest.param(_valid_batch(extra=1), id="unknown-field"),
+        pytest.param(_valid_batch(observations=[{}] * 4097), id="too-many"),
+        pytest.param(_valid_batch(observations=[1]), id="not-an-object"),
+        pytest.param({k: v for k, v in _valid_batch().items() if k != "job_id"}, id="no-job"),
+    ],
+)
+def test_the_one_pass_reader_accepts_no_batch_decode_rejects(obj: dict[str, Any]) -> None:
+    payload = orjson.dumps(obj)
+    with pytest.raises(SchemaError):
+        decode(payload)
+    assert read_task_batch(payload) is None
+
+
+def test_the_one_pass_reader_refuses_what_is_not_json_or_too_large() -> None:
+    good = task_batches("job-1", [_running(1)], source="replayer")[0]
+    for payload in (
+        good[:-1],
+        good.replace(b'"task-00001"', b'"task-\xff"'),
+        None,
+        good + b" " * MAX_PAYLOAD_BYTES,
+    ):
+        with pytest.raises(SchemaError):
+            decode(payload)
+        assert read_task_batch(payload) is None
+
+
+def test_the_one_pass_reader_reads_valid_batches_as_decode_does() -> None:
+    events = [_running(i) for i in range(300)] + [
+        TaskCheckpoint(**{**_running(7).to_dict(), "status": "finished", "latency": 12.5}),
+        TaskCheckpoint(**{**_running(8).to_dict(), "status": "killed"}),
+    ]
+    for payload in task_batches("job-1", events, source="replayer"):
+        read = read_task_batch(payload)
+        assert read is not None and read.job_id == "job-1"
+        expected = observations(_batch(payload))
+        fields = (
+            "task_id",
+            "attempt",
+            "checkpoint_time",
+            "status",
+            "machine_id",
+            "features",
+            "latency",
+            "start_time",
+        )
+        assert [[getattr(o, f) for f in fields] for o in read.observations] == [
+            [getattr(o, f) for f in fields] for o in expected
+        ]
+    for other in (
+        orjson.dumps({"source": "x", **_valid_batch()}),
+        orjson.dumps(_valid_batch(schema_version=1.0)),
+    ):
+        assert read_task_batch(other) is None and isinstance(decode(other), TaskBatch)  # read the slow way
+
+
+def _decision(i: int, flag: bool) -> Decision:
+    return Decision(
+        job_id="job-1",
+        task_id=f"task-{i:05d}",
+        checkpoint_time=600.0,
+        elapsed=float(i % 300) + 0.1 * i,
+        raw_latency=100.0 + i / 7,
+        adjusted_latency=math.nan if i % 2 else 130.0 + i / 3,
+        propensity=0.25 + i / 1e5,
+        weight=math.nan,
+        threshold=150.0,
+        is_straggler=flag,
+        model_version=4,
+        attempt=i % 2,
+        straggle_probability=math.nan if i % 5 == 0 else 1 / (i + 1),
+    )
+
+
+def _marker_of(decisions: list[Decision], boundary_produced_at: float | None) -> CheckpointEvaluated:
+    return CheckpointEvaluated(
+        job_id="job-1",
+        checkpoint_time=600.0,
+        evaluated=len(decisions),
+        flagged=sum(d.is_straggler for d in decisions),
+        model_version=4,
+        boundary_produced_at=boundary_produced_at,
+        produced_at=1.7e9,
+    )
+
+
+@pytest.mark.parametrize("n", [0, 1, 37, 3000])
+def test_prediction_parts_are_the_bytes_of_validated_prediction_events(n: int) -> None:
+    """The agent's by-column parts (no schema check) are those of one validated `Prediction` per
+    decision, and every part passes the schema."""
+    decisions = [_decision(i, flag=i % 97 == 0) for i in range(n)]
+    marker = _marker_of(decisions, None if n == 1 else 1.6e9)
+    parts = prediction_parts(decisions, "nurd", marker)
+    assert parts == prediction_batches([prediction_event(d, "nurd", 1.7e9) for d in decisions], marker)
+    assert (len(parts) > 1) == (n == 3000)
+    for part in parts:
+        assert isinstance(decode(part), PredictionBatch)
+
+
+def test_prediction_parts_refuse_numbers_json_cannot_carry() -> None:
+    good = _decision(0, False)
+    for name, bad in (
+        ("raw_latency", dataclasses.replace(good, raw_latency=math.inf)),
+        ("elapsed", dataclasses.replace(good, elapsed=math.nan)),
+        ("weight", dataclasses.replace(good, weight=-math.inf)),
+    ):
+        with pytest.raises(SchemaError, match=rf"prediction_batch\.{name}\[1\]"):
+            prediction_parts([good, bad], "nurd", _marker_of([good, bad], None))

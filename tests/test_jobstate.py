@@ -127,3 +127,69 @@ def test_views_agree_with_the_task_records() -> None:
         finished = state.finished_view()
         assert finished.finished_at.tolist() == [state.tasks[t].observed_at for t in finished.ids]
         assert not finished.finished_at.flags.writeable
+
+
+def test_observe_all_equals_one_call_per_observation() -> None:
+    """A batch of observations (the agent's path) leaves the state, its views and what it reports as
+    changed exactly as one observe_* call per observation does (missing features are NaN)."""
+    from schemas import TaskCheckpoint
+
+    rng = np.random.default_rng(5)
+    names = ["a", "b", "c"]
+    events = []
+    for step in range(800):
+        status = str(rng.choice(["running", "finished", "failed", "killed"], p=[0.5, 0.35, 0.1, 0.05]))
+        at = float(step // 4 + rng.normal(0, 2) + 10)
+        features = {n: float(rng.normal()) for n in names if rng.random() > 0.05}
+        start = None if rng.random() < 0.1 else max(at - 5.0, 0.0)
+        events.append(
+            TaskCheckpoint(
+                job_id="j",
+                task_id=f"t{rng.integers(60)}",
+                attempt=int(rng.integers(3)),
+                checkpoint_time=max(at, 0.0),
+                status=status,  # type: ignore[arg-type]
+                machine_id="",
+                features=features,
+                latency=float(rng.uniform(0, 10)) if status == "finished" else None,
+                start_time=start,
+            )
+        )
+    one_by_one = JobState("j", n_features=3, expected_tasks=60)
+    changed_one = []
+    for e in events:
+        x = np.array([e.features.get(n, np.nan) for n in names])
+        if e.status == "running":
+            start = e.start_time if e.start_time is not None else e.checkpoint_time
+            applied = one_by_one.observe_running(e.task_id, x, start, e.checkpoint_time, e.attempt)
+        elif e.status == "finished":
+            assert e.latency is not None
+            applied = one_by_one.observe_finished(e.task_id, x, e.latency, e.checkpoint_time, e.attempt)
+        else:
+            applied = one_by_one.observe_gone(e.task_id, e.checkpoint_time, e.attempt)
+        if applied:
+            changed_one.append(e.task_id)
+    batched = JobState("j", n_features=3, expected_tasks=60)
+    changed = [
+        t
+        for start in range(0, len(events), 37)
+        for t in batched.observe_all(events[start : start + 37], names)
+    ]
+    assert changed == changed_one
+    assert batched.tasks.keys() == one_by_one.tasks.keys()
+    for task_id, record in one_by_one.tasks.items():
+        other = batched.tasks[task_id]
+        assert np.array_equal(record.features, other.features, equal_nan=True)
+        assert (record.status, record.start, record.observed_at, record.attempt) == (
+            other.status,
+            other.start,
+            other.observed_at,
+            other.attempt,
+        )
+        assert np.array_equal(record.latency, other.latency, equal_nan=True)
+    assert batched.n_finished == one_by_one.n_finished
+    for view in (lambda s: s.finished(), lambda s: s.running(500.0)):
+        (ids, X, y), (ids1, X1, y1) = view(batched), view(one_by_one)
+        assert ids == ids1 and np.array_equal(X, X1, equal_nan=True) and np.array_equal(y, y1)
+    with pytest.raises(ValueError, match="expected 3 features"):
+        batched.observe_all(events[:1], names[:2])

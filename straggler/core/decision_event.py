@@ -7,7 +7,17 @@ below the core and may not import `Decision`.
 
 from __future__ import annotations
 
-from schemas import Prediction, nan_to_none, none_to_nan
+from collections.abc import Sequence
+from operator import attrgetter
+
+from schemas import (
+    VERDICT_COLUMNS,
+    CheckpointEvaluated,
+    Prediction,
+    nan_to_none,
+    none_to_nan,
+    verdict_batches,
+)
 from straggler.core.online import Decision
 
 
@@ -30,6 +40,23 @@ def prediction_event(d: Decision, method: str, produced_at: float) -> Prediction
         attempt=d.attempt,
         straggle_probability=nan_to_none(d.straggle_probability),
     )
+
+
+def prediction_parts(decisions: Sequence[Decision], method: str, marker: CheckpointEvaluated) -> list[bytes]:
+    """The encoded ``prediction_batch`` parts of one job checkpoint's ``decisions``: the bytes
+    `schemas.prediction_batches` writes for their `prediction_event`s, built column by column.
+
+    The decisions are one checkpoint's (`OnlineJob.checkpoint`), so they share its threshold. As there,
+    a checkpoint without decisions names method ``none`` and threshold 1.
+    """
+    if not decisions:
+        method = "none"
+    columns = {name: list(map(attrgetter(name), decisions)) for name in VERDICT_COLUMNS}
+    thresholds = {d.threshold for d in decisions} or {1.0}
+    if len(thresholds) > 1:
+        raise ValueError(f"prediction_parts: one threshold per checkpoint, got {thresholds}")
+    (threshold,) = thresholds
+    return verdict_batches(columns, marker, method, threshold)
 
 
 def decision_of(event: Prediction) -> Decision:

@@ -8,9 +8,10 @@ resurrects a task that has finished, and an older checkpoint never overwrites a 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -22,6 +23,25 @@ class TaskStatus(IntEnum):
     FINISHED = 1
     GONE = 2
     """Ended without a latency (failed or killed); occupies no machine and enters no model."""
+
+
+class TaskObservation(Protocol):
+    """What `JobState.observe_all` reads of a task observation (a ``task_checkpoint``, or a batch's)."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def checkpoint_time(self) -> float: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def features(self) -> Mapping[str, float]: ...
+    @property
+    def latency(self) -> float | None: ...
+    @property
+    def start_time(self) -> float | None: ...
 
 
 @dataclass
@@ -94,6 +114,9 @@ class JobState:
         self, task_id: str, features: FloatArray, start: float, observed_at: float, attempt: int = 0
     ) -> bool:
         """Record a running task's latest features. Returns False when the event was stale."""
+        return self._running(task_id, self._check(features), start, observed_at, attempt)
+
+    def _running(self, task_id: str, x: FloatArray, start: float, observed_at: float, attempt: int) -> bool:
         record = self.tasks.get(task_id)
         if record is not None:
             if attempt < record.attempt:
@@ -104,15 +127,18 @@ class JobState:
             if record.status == TaskStatus.FINISHED:  # a new attempt of a finished task runs again
                 self._finished_view = None
                 self._n_finished -= 1
-        self.tasks[task_id] = TaskRecord(
-            TaskStatus.RUNNING, self._check(features), start, observed_at, attempt
-        )
+        self.tasks[task_id] = TaskRecord(TaskStatus.RUNNING, x, start, observed_at, attempt)
         return True
 
     def observe_finished(
         self, task_id: str, features: FloatArray, latency: float, observed_at: float, attempt: int = 0
     ) -> bool:
         """Move a task to the finished set with its latency. Returns False for a duplicate."""
+        return self._finished_task(task_id, self._check(features), latency, observed_at, attempt)
+
+    def _finished_task(
+        self, task_id: str, x: FloatArray, latency: float, observed_at: float, attempt: int
+    ) -> bool:
         if not np.isfinite(latency) or latency < 0:
             raise ValueError(f"job {self.job_id} task {task_id}: latency must be finite and >= 0")
         record = self.tasks.get(task_id)
@@ -121,9 +147,7 @@ class JobState:
         ):
             return False
         start = observed_at - latency
-        self.tasks[task_id] = TaskRecord(
-            TaskStatus.FINISHED, self._check(features), start, observed_at, attempt, float(latency)
-        )
+        self.tasks[task_id] = TaskRecord(TaskStatus.FINISHED, x, start, observed_at, attempt, float(latency))
         if record is not None and record.status == TaskStatus.FINISHED:  # an older attempt's finish
             self._finished_view = None
         else:
@@ -140,6 +164,34 @@ class JobState:
         record.status = TaskStatus.GONE
         record.observed_at = observed_at
         return True
+
+    def observe_all(self, observations: Sequence[TaskObservation], feature_names: Sequence[str]) -> list[str]:
+        """Feed task observations in order, each as `observe_running` (started at its ``start_time``,
+        else its checkpoint), `observe_finished` or `observe_gone` by its status; features are read by
+        name, one the observation lacks is unknown (NaN). Returns the ids of those that changed the state.
+
+        One feature matrix for all of them, not an array per observation: the agent's path for a batch.
+        """
+        if len(feature_names) != self.n_features:
+            got = len(feature_names)
+            raise ValueError(f"job {self.job_id}: expected {self.n_features} features, got {got}")
+        rows = np.array(  # None (a missing name) becomes NaN
+            [list(map(o.features.get, feature_names)) for o in observations], dtype=np.float64
+        ).reshape(len(observations), self.n_features)
+        changed = []
+        for o, x in zip(observations, rows, strict=True):
+            status = o.status
+            if status == "running":
+                start = o.start_time if o.start_time is not None else o.checkpoint_time
+                applied = self._running(o.task_id, x.copy(), start, o.checkpoint_time, o.attempt)
+            elif status == "finished":
+                assert o.latency is not None  # the schema requires it
+                applied = self._finished_task(o.task_id, x.copy(), o.latency, o.checkpoint_time, o.attempt)
+            else:
+                applied = self.observe_gone(o.task_id, o.checkpoint_time, o.attempt)
+            if applied:
+                changed.append(o.task_id)
+        return changed
 
     def flag(self, task_id: str, at: float) -> None:
         self.flagged.setdefault(task_id, at)
