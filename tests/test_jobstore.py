@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipeline import durability
@@ -283,3 +284,29 @@ def test_models_are_retired_only_once_the_job_row_naming_the_new_one_is_acknowle
         assert list(tables[2]) == [model_key(trace.job_id, job.model_version)]
         return
     raise AssertionError("the synthetic job never refitted")
+
+
+def test_held_records_are_released_only_by_their_jobs_task_row() -> None:
+    """`hold` ties an input record to the job's unwritten changes: the job's next task row (or its
+    drop) releases it, nothing else; a rebalance forgets it with the changes."""
+    tables: Tables = ({}, {}, {})
+    store = store_over(tables)
+    for job_id in ("a", "b"):
+        store.start(job_id, 10, ["x"], live=False)
+        job = store.job(job_id)
+        assert job is not None
+        job.state.observe_running("t", np.array([1.0]), 0.0, 1.0, 0)
+        store.put_task(job, "t")
+        store.hold(job_id, f"record of {job_id}")
+    store.write_changes("b")
+    assert store.take_written() == ["record of b"]
+    assert store.take_written() == []
+    store.evaluate("a", 2.0)
+    assert store.take_written() == ["record of a"] and len(tables[0]) == 2
+    store.hold("a", "late record")
+    store.drop("a")
+    assert store.take_written() == ["late record"]
+    store.hold("b", "lost record")
+    store.forget_cache()
+    store.write_changes("b")
+    assert store.take_written() == []
