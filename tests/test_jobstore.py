@@ -12,12 +12,14 @@ import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from pipeline import durability
+from pipeline.commits import give_up, let_go_before_waiting
 from pipeline.durability import complete_flush
 from pipeline.jobstore import JobStore, model_key, new_online_job
 from pipeline.model_codec import decode_model
@@ -224,6 +226,27 @@ def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
 
     app = create_app(WorkerSettings(bootstrap="127.0.0.1:9"))  # nothing is contacted
     assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
+
+
+def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> None:
+    """Faust's ``wait_empty`` (rebalance, stop) waits until every delivered record is acknowledged;
+    records held for their job's checkpoint are first given up: done for Faust, never committed."""
+    held = SimpleNamespace(message=SimpleNamespace(acked=False))
+    seen: list[str] = []
+
+    class Consumer:
+        async def wait_empty(self) -> None:
+            seen.append(f"wait_empty, held record done: {held.message.acked}")
+
+    def let_go() -> None:
+        seen.append("let go")
+        give_up(held)  # type: ignore[arg-type]
+
+    consumer = Consumer()
+    let_go_before_waiting(consumer, let_go)
+    asyncio.run(consumer.wait_empty())
+
+    assert seen == ["let go", "wait_empty, held record done: True"]
 
 
 def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, Tables, JobStore, float, set[str]]:
