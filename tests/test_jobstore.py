@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pipeline import durability
-from pipeline.commits import give_up, let_go_before_waiting
+from pipeline.commits import give_up, let_go_before_waiting, writes_routed_to
 from pipeline.durability import complete_flush
 from pipeline.jobstore import JobStore, model_key, new_online_job
 from pipeline.model_codec import decode_model
@@ -247,6 +247,22 @@ def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> 
     asyncio.run(consumer.wait_empty())
 
     assert seen == ["let go", "wait_empty, held record done: True"]
+
+
+def test_the_timers_table_writes_go_to_the_partition_of_the_event_they_are_routed_to() -> None:
+    from pipeline.app import create_app
+    from pipeline.settings import WorkerSettings
+
+    class Event:
+        message = SimpleNamespace(partition=5, topic="task-checkpoints")
+
+    table = create_app(WorkerSettings(bootstrap="127.0.0.1:9")).tables["tasks"]  # nothing is contacted
+    with pytest.raises(TypeError, match="outside of stream"):
+        table.partition_for_key(b"k")
+    with writes_routed_to(Event()):  # type: ignore[arg-type]
+        assert table.partition_for_key(b"k") == 5
+    with pytest.raises(TypeError, match="outside of stream"):
+        table.partition_for_key(b"k")
 
 
 def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, Tables, JobStore, float, set[str]]:
