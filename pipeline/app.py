@@ -31,6 +31,7 @@ from typing import Any, cast
 
 import faust
 
+from pipeline.commits import give_up, let_go_before_waiting, writes_routed_to
 from pipeline.durability import acknowledged, drain_fully
 from pipeline.flow import keep_queued_records
 from pipeline.handler import (
@@ -181,12 +182,34 @@ def create_app(settings: WorkerSettings) -> faust.App:
         consensus=admm,
     )
 
-    async def on_partitions_moved(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
-        """The cache may hold jobs that are no longer ours, or miss changelog updates: drop it."""
+    in_hand: dict[tuple[str, int, int], faust.EventT] = {}
+    """The events of the records the handler holds, by topic, partition and offset."""
+
+    def settle() -> None:
+        """Acknowledge the records the handler is done with; give up those it let go."""
+        for record in handler.take_acks():
+            in_hand.pop((record.topic, record.partition, record.offset)).ack()
+        for record in handler.take_dropped():
+            give_up(in_hand.pop((record.topic, record.partition, record.offset)))
+
+    def let_go() -> None:
+        """Partitions move: give up the held records (never committed: their next owner reads them)."""
+        for record in handler.let_go():
+            give_up(in_hand.pop((record.topic, record.partition, record.offset)))
+
+    async def on_partitions_revoked(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """The cache may hold jobs that are no longer ours: drop it, with what the handler holds."""
+        let_go()
         store.forget_cache()
 
-    app.on_partitions_revoked.connect(cast(Any, on_partitions_moved))
-    app.on_partitions_assigned.connect(cast(Any, on_partitions_moved))
+    async def on_partitions_assigned(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """The cache may miss changelog updates: drop it, unless it holds changes not written yet
+        (records of this assignment, handled before this signal; the revocation dropped the rest)."""
+        if not in_hand:
+            store.forget_cache()
+
+    app.on_partitions_revoked.connect(cast(Any, on_partitions_revoked))
+    app.on_partitions_assigned.connect(cast(Any, on_partitions_assigned))
 
     async def perform(action: Action) -> None:
         """Send what the handler asks for, or wait for the broker where it says so."""
@@ -213,17 +236,44 @@ def create_app(settings: WorkerSettings) -> faust.App:
 
     @app.agent(inputs)
     async def straggler_agent(stream: faust.StreamT[bytes]) -> None:
-        """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions."""
-        async for event in stream.events():
+        """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
+
+        Records are acknowledged by hand, once their changes are written (`pipeline.commits`)."""
+        let_go_before_waiting(app.consumer, let_go)
+        async for event in cast(faust.Stream[bytes], stream).noack().events():
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
+            in_hand[(record.topic, record.partition, record.offset)] = event
             await process(handler, record, perform)
+            settle()
 
     @app.timer(interval=1.0)
     async def expire_pending() -> None:
         """Task events whose job never started go to dead letters once the grace period is over."""
-        for letter in handler.expire_pending():
+        letters = handler.expire_pending()
+        for letter in letters:
             await perform(letter)
+        if letters:
+            handler.letters_sent()
+            settle()
+
+    @app.timer(interval=1.0)
+    async def write_held_changes() -> None:
+        """Jobs that held records longer than the handler allows have their changes written, so a
+        job without checkpoints does not hold its partition's commits back."""
+        if not app.flow_control.is_active():
+            return  # partitions are moving
+        overdue = handler.overdue()
+        if any(store.awaiting_acknowledgement(job_id) for job_id, _ in overdue):
+            for action in handler.flush():
+                await perform(action)
+            overdue = handler.overdue()  # the agent may have gone on meanwhile
+        for job_id, record in overdue:
+            event = in_hand.get((record.topic, record.partition, record.offset))
+            if event is not None:
+                with writes_routed_to(event):
+                    handler.write_held(job_id)
+        settle()
 
     @app.timer(interval=settings.live_interval)
     async def evaluate_live_jobs() -> None:

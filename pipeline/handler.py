@@ -4,13 +4,18 @@
 actions: prediction parts, dead letters (with their reason), forwards, live ticks, and
 `Acknowledge`, the points where the worker must wait until the broker has everything sent so far
 (the write order of a checkpoint, `pipeline.jobstore`). `pipeline.app` only performs the actions.
+
+A job's task changes are written at its checkpoints, not per record, so an input record is held
+until its changes are written, and its offset may be committed only then: `take_acks` hands out the
+records done, in offset order per partition (Faust commits the highest contiguous acknowledged
+offset). A job that reaches no checkpoint within ``hold_seconds`` has its changes written anyway.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -108,7 +113,27 @@ class Acknowledge:
 
 
 ACKNOWLEDGE = Acknowledge()
+HOLD_SECONDS = 2.0
+"""How long a record may wait for its job's next checkpoint before the job's changes are written."""
 Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge
+
+
+@dataclass(eq=False)
+class _Held:
+    """An input record the worker has not acknowledged yet."""
+
+    record: InputRecord
+    received: float
+    generation: int
+    """`JobEventHandler.let_go` starts a new one: records of older generations are never acknowledged."""
+    job_id: str | None = None
+    """The job whose next task row writes the record's changes (`JobStore.hold`)."""
+    waiting: bool = False
+    """For its job's task row (``job_id``) or for its job's start (`JobEventHandler.pending`)."""
+    done: bool = False
+
+
+TopicPartition = tuple[str, int]
 
 
 class AgentMetrics(Protocol):
@@ -154,11 +179,126 @@ class JobEventHandler:
     """For the pending grace period."""
     wall_clock: Callable[[], float] = time.time
     """For ``produced_at`` of predictions and ticks."""
-    pending: defaultdict[str, list[tuple[float, InputRecord, TaskInput]]] = field(
+    pending: defaultdict[str, list[tuple[float, InputRecord, TaskInput, _Held | None]]] = field(
         default_factory=lambda: defaultdict(list)
     )
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
+    hold_seconds: float = HOLD_SECONDS
+    _held: dict[TopicPartition, deque[_Held]] = field(default_factory=dict)
+    """Records not acknowledged yet, per input partition in offset order."""
+    _current: _Held | None = None
+    """The record being handled (between `receive` and `finish`)."""
+    _generation: int = 0
+    _acks: list[InputRecord] = field(default_factory=list)
+    _dropped: list[InputRecord] = field(default_factory=list)
+    _expiring: list[_Held] = field(default_factory=list)
+
+    def receive(self, record: InputRecord) -> None:
+        """Start handling ``record``: it is held until `finish` (or its job's task row) lets it go."""
+        entry = _Held(record, self.clock(), self._generation)
+        self._held.setdefault((record.topic, record.partition), deque()).append(entry)
+        self._current = entry
+
+    def finish(self, record: InputRecord) -> Iterator[Action]:
+        """Done with ``record``: write the jobs of its partition that held records too long."""
+        entry = self._current
+        if entry is None or entry.record is not record:
+            return
+        if entry.generation != self._generation:
+            self._current = None
+            self._dropped.append(record)  # partitions moved while it was handled: read again
+            return
+        if not entry.waiting:
+            entry.done = True
+        for topic_partition, held in list(self._held.items()):
+            if topic_partition[1] == record.partition and self._overdue(held):
+                # this record's table writes go to its partition's changelogs, where its jobs' rows are
+                for job_id in self._overdue_jobs(held):
+                    yield from self._settled(job_id)
+                    self.store.write_changes(job_id)
+        self._current = None
+        self._collect()
+
+    def take_acks(self) -> list[InputRecord]:
+        """Records whose changes are written (or that made none), in offset order per partition:
+        the worker acknowledges them, and Faust may commit their offsets."""
+        acks, self._acks = self._acks, []
+        return acks
+
+    def take_dropped(self) -> list[InputRecord]:
+        """Records let go without an acknowledgement (`let_go`): the worker must not wait for them."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
+    def let_go(self) -> list[InputRecord]:
+        """Partitions are about to move: give up every held record but the one in hand, which `finish`
+        gives up. None is acknowledged: the partitions' next owner reads them again, and rebuilds
+        their jobs from the tables (applying an observation twice changes nothing)."""
+        self._generation += 1
+        records = [e.record for held in self._held.values() for e in held if e is not self._current]
+        records += self.take_acks()
+        self._held.clear()
+        self.pending.clear()
+        self._expiring.clear()
+        return records
+
+    def overdue(self) -> list[tuple[str, InputRecord]]:
+        """For the worker's timer, while no record is in hand: each job whose changes held a record
+        longer than ``hold_seconds``, with one of its records (its partition routes the write)."""
+        if self._current is not None:
+            return []
+        jobs: dict[str, InputRecord] = {}
+        for held in self._held.values():
+            if self._overdue(held):
+                jobs.update((job_id, record) for job_id, record in self._overdue_jobs(held).items())
+        return list(jobs.items())
+
+    def write_held(self, job_id: str) -> bool:
+        """Write the job's changes now (`overdue`), unless a record is in hand or the job's last job
+        row may not be on the broker yet (`flush` first)."""
+        if self._current is not None or self.store.awaiting_acknowledgement(job_id):
+            return False
+        self.store.write_changes(job_id)
+        self._collect()
+        return True
+
+    def flush(self) -> Iterator[Action]:
+        """Wait for everything written so far (the job rows among it are then durable)."""
+        yield from self._flush()
+
+    def _overdue(self, held: deque[_Held]) -> bool:
+        """Whether the partition's oldest record waits for a job's task row longer than allowed."""
+        return bool(held) and held[0].waiting and held[0].received <= self.clock() - self.hold_seconds
+
+    def _overdue_jobs(self, held: deque[_Held]) -> dict[str, InputRecord]:
+        deadline = self.clock() - self.hold_seconds
+        jobs: dict[str, InputRecord] = {}
+        for entry in held:
+            if entry.received > deadline:
+                break
+            if entry.waiting and entry.job_id is not None and self.store.has_changes(entry.job_id):
+                jobs.setdefault(entry.job_id, entry.record)
+        return jobs
+
+    def _hold(self, entry: _Held | None, job_id: str) -> None:
+        """``entry`` applied changes to ``job_id``: held until the job's next task row, if any is due."""
+        if entry is None:
+            return
+        entry.waiting = self.store.has_changes(job_id)
+        if entry.waiting:
+            entry.job_id = job_id
+            self.store.hold(job_id, entry)
+
+    def _collect(self) -> None:
+        """Mark the records whose changes are written done; move each partition's done prefix to acks."""
+        for entry in self.store.take_written():
+            if isinstance(entry, _Held):
+                entry.waiting = False
+                entry.done = True
+        for held in self._held.values():
+            while held and held[0].done:
+                self._acks.append(held.popleft().record)
 
     def admit(self, record: InputRecord) -> Event | TaskObservations | SendDeadLetter | ForwardRecord:
         """The record's event (a valid task batch read in one pass), to `handle` here; or what disposes
@@ -199,15 +339,19 @@ class JobEventHandler:
                 self.stats.boundaries += 1
                 work = decoded
             if self.store.meta(decoded.job_id) is None or decoded.job_id in self.pending:
-                self.pending[decoded.job_id].append((self.clock(), record, work))
+                if self._current is not None:
+                    self._current.waiting = True
+                self.pending[decoded.job_id].append((self.clock(), record, work, self._current))
             else:
-                yield from self._apply(work)
+                yield from self._apply(work, self._current)
         elif isinstance(decoded, JobEvent):
             yield from self._settled(decoded.job_id)
             self._apply_job_event(decoded)
             if self.store.meta(decoded.job_id) is not None:
-                for _, _, waiting in self.pending.pop(decoded.job_id, []):
-                    yield from self._apply(waiting)
+                for _, _, waiting, entry in self.pending.pop(decoded.job_id, []):
+                    yield from self._apply(waiting, entry)
+                    if entry is not None and not entry.waiting:
+                        entry.done = True
         else:
             yield self._dead_letter(record, f"unexpected {decoded.type} event on {record.topic}")
 
@@ -216,7 +360,8 @@ class JobEventHandler:
         return self._dead_letter(record, f"internal error: {type(error).__name__}: {error}")
 
     def expire_pending(self) -> list[SendDeadLetter]:
-        """Dead letters for the events whose job has not started within the grace period."""
+        """Dead letters for the events whose job has not started within the grace period; their
+        records are acknowledged once the worker has sent them (`letters_sent`)."""
         if not self.pending:
             return []
         deadline = self.clock() - self.pending_grace
@@ -225,8 +370,19 @@ class JobEventHandler:
             reason = (
                 f"event for unknown job {job_id!r}: no job_event 'started' within {self.pending_grace:.0f}s"
             )
-            letters += [self._dead_letter(record, reason) for _, record, _ in self.pending.pop(job_id)]
+            for _, record, _, entry in self.pending.pop(job_id):
+                letters.append(self._dead_letter(record, reason))
+                if entry is not None:
+                    self._expiring.append(entry)
         return letters
+
+    def letters_sent(self) -> None:
+        """The letters of the last `expire_pending` are sent: their records are done."""
+        for entry in self._expiring:
+            entry.waiting = False
+            entry.done = True
+        self._expiring.clear()
+        self._collect()
 
     def live_ticks(self) -> list[SendTick]:
         """A timer boundary for each live job of the store's cache (jobs this worker handles now)."""
@@ -281,13 +437,15 @@ class JobEventHandler:
         if self.store.awaiting_acknowledgement(job_id):
             yield from self._flush()
 
-    def _apply(self, work: TaskInput) -> Iterator[Action]:
+    def _apply(self, work: TaskInput, entry: _Held | None) -> Iterator[Action]:
+        if entry is not None:
+            entry.waiting = False
         if isinstance(work, CheckpointBoundary):
             yield from self._apply_boundary(work)
             return
         yield from self._settled(work.job_id)
         self._apply_tasks(work)
-        self.store.write_changes(work.job_id)  # before any action: nothing is left pending
+        self._hold(entry, work.job_id)  # written with the job's next checkpoint
 
     def _apply_tasks(self, work: TaskObservations) -> None:
         """Feed task observations to their (known) job; `JobStore.write_changes` writes what they changed."""
@@ -382,14 +540,18 @@ async def process(
 ) -> None:
     """Handle one input record, performing each action before the handler goes on.
 
-    A failure while handling (the handler's or a send's) dead-letters the record as an internal error."""
+    A failure while handling (the handler's or a send's) dead-letters the record as an internal error.
+    The record is then held until its changes are written (`JobEventHandler.take_acks`)."""
+    handler.receive(record)
     admitted = handler.admit(record)
     if isinstance(admitted, SendDeadLetter | ForwardRecord):
         await perform(admitted)
-        return
-    try:
-        for action in handler.handle(record, admitted):
-            await perform(action)
-    except Exception as error:  # one bad event must not stop the agent
-        log.exception("failed on %s event of job %r", admitted.type, getattr(admitted, "job_id", None))
-        await perform(handler.failed(record, error))
+    else:
+        try:
+            for action in handler.handle(record, admitted):
+                await perform(action)
+        except Exception as error:  # one bad event must not stop the agent
+            log.exception("failed on %s event of job %r", admitted.type, getattr(admitted, "job_id", None))
+            await perform(handler.failed(record, error))
+    for action in handler.finish(record):
+        await perform(action)

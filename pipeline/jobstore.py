@@ -1,8 +1,9 @@
 """Each job's `OnlineJob`, kept in Faust tables so a restarted or rebalanced worker gets it back.
 
-Tables ``tasks`` (task changes, one row per record), ``jobs`` (one row per job: a checkpoint's commit
-record) and ``models`` (each refit's method as data, `pipeline.model_codec`, never a pickle), all
-written on the job's own changelog partition; in-memory `OnlineJob`s are a cache rebuilt from them.
+Tables ``tasks`` (task changes, one row per checkpoint: `JobStore.hold`), ``jobs`` (one row per
+job: a checkpoint's commit record) and ``models`` (each refit's method as data, `pipeline.model_codec`,
+never a pickle), all written on the job's own changelog partition; in-memory `OnlineJob`s are a
+cache rebuilt from them.
 A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
 
 1. `evaluate`: the checkpoint's new model (a new version key), not the job row;
@@ -120,6 +121,8 @@ class _CachedJob:
     next_sequence: int
     changed: set[str] = field(default_factory=set)
     """Tasks changed since the job's last task row: `write_changes` writes them as one row."""
+    holding: list[object] = field(default_factory=list)
+    """What `JobStore.hold` was given since the job's last task row."""
 
 
 @dataclass
@@ -133,12 +136,16 @@ class JobStore:
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
     _unacknowledged: set[str] = field(default_factory=set)
     """Jobs whose job row was written and is not known to be on the broker yet."""
+    _written: list[object] = field(default_factory=list)
+    """What `hold` was given whose changes a task row (or the job's drop) has written since."""
 
     def forget_cache(self) -> None:
         """Partitions moved: what is cached may no longer be ours, or may be stale.
 
-        The agent writes a record's changes before it awaits anything, so none are pending here."""
+        Changes not written yet go with it: the records that made them are held (`hold`), never
+        acknowledged, so the partition's next owner reads them again."""
         self._cache.clear()
+        self._written.clear()
 
     def reload(self, job_id: str) -> OnlineJob | None:
         """Write the job's pending changes, then rebuild it from the tables (its feature names changed)."""
@@ -226,10 +233,31 @@ class JobStore:
         """`put_task` for each of ``task_ids``."""
         self._cached(job.job_id).changed.update(task_ids)
 
+    def has_changes(self, job_id: str) -> bool:
+        """Whether the job has changes no task row carries yet."""
+        cached = self._cache.get(job_id)
+        return cached is not None and bool(cached.changed)
+
+    def hold(self, job_id: str, source: object) -> None:
+        """Note that ``source`` (an input record) made changes of the (cached) job that are not written.
+
+        The agent writes a job's changes at its checkpoints, not per record; a record may be
+        acknowledged only once its changes are written: `take_written` tells which ones are."""
+        self._cached(job_id).holding.append(source)
+
+    def take_written(self) -> list[object]:
+        """The sources given to `hold` whose changes are written since the last call."""
+        written, self._written = self._written, []
+        return written
+
     def write_changes(self, job_id: str) -> int:
         """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
         cached = self._cache.get(job_id)
-        if cached is None or not cached.changed:
+        if cached is None:
+            return 0
+        self._written += cached.holding
+        cached.holding = []
+        if not cached.changed:
             return 0
         state = cached.job.state
         rows = {
@@ -317,7 +345,9 @@ class JobStore:
             del self.models[key]
         if job_id.encode() in self.jobs:
             del self.jobs[job_id.encode()]
-        self._cache.pop(job_id, None)
+        cached = self._cache.pop(job_id, None)
+        if cached is not None:
+            self._written += cached.holding  # nothing of the job is left to write
         self._unacknowledged.discard(job_id)
         return len(keys)
 

@@ -45,13 +45,16 @@ PARTITIONS = 4
 CHECKPOINTS = "task-checkpoints"
 JOB_EVENTS = "job-events"
 FEATURES = {"cpu": 1.0, "mem": 2.0}
+Tables = tuple[dict[bytes, bytes], dict[bytes, bytes], dict[bytes, bytes]]
 
 
 class Worker:
     """A handler over dict tables, with clocks the test sets, and the actions it asked for."""
 
-    def __init__(self, make_job: Callable[[str, JobMeta], OnlineJob] | None = None) -> None:
-        self.tables: tuple[dict[bytes, bytes], dict[bytes, bytes], dict[bytes, bytes]] = ({}, {}, {})
+    def __init__(
+        self, make_job: Callable[[str, JobMeta], OnlineJob] | None = None, tables: Tables | None = None
+    ) -> None:
+        self.tables: Tables = ({}, {}, {}) if tables is None else tables
         protocol = {"quantile": 0.9, "start_fraction": 0.04, "refit_growth": 0.25}
         factory = make_job or new_online_job(lambda: make_method("nurd", 0), protocol)
         self.store = JobStore(*self.tables, make_job=factory)
@@ -389,3 +392,132 @@ def test_records_off_their_jobs_partition_are_forwarded_and_unkeyed_ones_refused
 def test_the_end_of_an_unknown_job_is_ignored() -> None:
     worker = Worker()
     assert worker.event(ended(1.0, "nobody")) == [] and worker.handler.stats.ignored == 1
+
+
+def acked(worker: Worker) -> list[int]:
+    """Offsets of the records the handler lets the worker acknowledge now."""
+    return [record.offset for record in worker.handler.take_acks()]
+
+
+def test_a_records_changes_are_written_at_its_jobs_checkpoint_and_it_is_acknowledged_only_then() -> None:
+    worker = Worker()
+    worker.event(started())
+    assert acked(worker) == [1]  # the job row is written at once
+    for event in [*some_finished(), running("r", 10.0)]:
+        worker.event(event)
+    assert worker.tables[0] == {}, "a task row per record"
+    assert acked(worker) == []
+
+    worker.event(boundary(10.0))
+
+    assert len(worker.tables[0]) == 1, "the checkpoint's task changes are one row"
+    assert acked(worker) == [2, 3, 4, 5, 6, 7]
+
+
+def test_records_are_acknowledged_in_offset_order_per_partition() -> None:
+    """Faust commits the highest contiguous acknowledged offset: a record done after one still held
+    waits for it, whoever's job it is."""
+    worker = Worker()
+    worker.event(started("a"))
+    worker.event(started("b"))  # "a" and "b" share a partition
+    acked(worker)
+    worker.event(running("ra", 1.0, "a"))  # offset 3: waits for a's checkpoint
+    for event in [*some_finished("b"), boundary(10.0, "b")]:
+        worker.event(event)
+    assert acked(worker) == []
+
+    worker.event(boundary(10.0, "a"))
+
+    assert acked(worker) == list(range(3, 10))
+
+
+def test_a_job_without_checkpoints_is_written_once_its_records_are_held_too_long() -> None:
+    worker = Worker()
+    for event in [started("a"), started("b"), running("ra", 1.0, "a")]:
+        worker.event(event)
+    acked(worker)
+    worker.now = worker.handler.hold_seconds
+    worker.event(running("rb", 2.0, "b"))  # a record on the same partition writes the overdue job
+    assert len(worker.tables[0]) == 1 and acked(worker) == [3]
+
+    worker.now = 2 * worker.handler.hold_seconds  # now "b" is overdue, and no record comes
+    ((job_id, record),) = worker.handler.overdue()
+    assert job_id == "b" and record.offset == 4
+    assert worker.handler.write_held("b")
+
+    assert len(worker.tables[0]) == 2 and acked(worker) == [4]
+    assert worker.handler.overdue() == []
+
+
+def test_the_timer_writes_no_job_whose_last_job_row_may_not_be_on_the_broker_yet() -> None:
+    worker = Worker()
+    for event in [started(), *some_finished(), running("r", 10.0), boundary(10.0)]:
+        worker.event(event)
+    assert worker.store.awaiting_acknowledgement("j")
+
+    assert not worker.handler.write_held("j")
+    assert list(worker.handler.flush()) == [ACKNOWLEDGE]
+    assert worker.handler.write_held("j")
+
+
+def test_records_of_a_job_not_started_yet_are_held_until_applied_or_dead_lettered() -> None:
+    worker = Worker()
+    worker.event(running("r", 1.0))  # offset 1, job "j" not started
+    worker.send(worker.record(CHECKPOINTS, "ghost", encode(running("t", 1.0, job_id="ghost"))))  # 2
+    worker.event(started())  # 3: applies offset 1, whose change now waits for a checkpoint
+    assert acked(worker) == [3]
+    worker.now = 31.0
+    assert len(worker.handler.expire_pending()) == 1
+    worker.event(started("d"))  # 4: the agent goes on while the timer sends the letter
+    assert acked(worker) == [4], "acknowledged before its dead letter was sent"
+    worker.handler.letters_sent()
+    assert acked(worker) == [2]
+    worker.event(boundary(5.0))
+    assert acked(worker) == [1, 5]
+
+
+def test_records_let_go_at_a_rebalance_are_never_acknowledged() -> None:
+    """Partitions move while a checkpoint awaits the broker: every held record, and the one in hand,
+    is given up (its next owner reads it again), none acknowledged."""
+    worker = Worker()
+    for event in [started(), *some_finished(), running("r", 10.0)]:
+        worker.event(event)
+    acked(worker)
+    let_go: list[int] = []
+
+    def rebalance(action: Action) -> None:
+        if isinstance(action, Acknowledge) and not let_go:
+            let_go.extend(record.offset for record in worker.handler.let_go())
+
+    worker.send(worker.record(CHECKPOINTS, "j", encode(boundary(10.0))), rebalance)
+
+    assert let_go == [2, 3, 4, 5, 6]
+    assert acked(worker) == []
+    assert [record.offset for record in worker.handler.take_dropped()] == [7]
+
+
+def test_records_read_again_after_a_kill_decide_as_an_uninterrupted_worker() -> None:
+    """A worker killed with records held (their changes not written) leaves their offsets
+    uncommitted; a new worker rebuilds the job from the tables, applies them again (some twice) and
+    decides the next checkpoint exactly as the worker that was not killed."""
+    history = [started(), *some_finished(), running("r", 10.0), boundary(10.0)]
+    history += [running("r", 10.0), finished("f4", 12.0), running("r2", 13.0), running("r3", 14.0)]
+    history += [finished("f5", 14.5), running("r2", 15.0)]
+    uninterrupted = Worker()
+    for event in history:
+        uninterrupted.event(event)
+    committed = [r.offset for r in uninterrupted.handler.take_acks()]
+    assert committed == list(range(1, 8)), "only what the checkpoint wrote may be committed"
+    tasks, jobs, models = uninterrupted.tables
+
+    restarted = Worker(tables=(dict(tasks), dict(jobs), dict(models)))
+    # read again from the first uncommitted offset (and, as after a commit lost, two before it)
+    for event in history[len(committed) - 2 :]:
+        restarted.event(event)
+
+    expected = evaluations(uninterrupted.event(boundary(20.0)))
+    got = evaluations(restarted.event(boundary(20.0)))
+    assert [(p.task_id, p.is_straggler, p.adjusted_latency) for p in got[0][0]] == [
+        (p.task_id, p.is_straggler, p.adjusted_latency) for p in expected[0][0]
+    ]
+    assert got[0][1].model_version == expected[0][1].model_version

@@ -12,11 +12,14 @@ import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipeline import durability
+from pipeline.commits import give_up, let_go_before_waiting, writes_routed_to
 from pipeline.durability import complete_flush
 from pipeline.jobstore import JobStore, model_key, new_online_job
 from pipeline.model_codec import decode_model
@@ -225,6 +228,43 @@ def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
     assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
 
 
+def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> None:
+    """Faust's ``wait_empty`` (rebalance, stop) waits until every delivered record is acknowledged;
+    records held for their job's checkpoint are first given up: done for Faust, never committed."""
+    held = SimpleNamespace(message=SimpleNamespace(acked=False))
+    seen: list[str] = []
+
+    class Consumer:
+        async def wait_empty(self) -> None:
+            seen.append(f"wait_empty, held record done: {held.message.acked}")
+
+    def let_go() -> None:
+        seen.append("let go")
+        give_up(held)  # type: ignore[arg-type]
+
+    consumer = Consumer()
+    let_go_before_waiting(consumer, let_go)
+    asyncio.run(consumer.wait_empty())
+
+    assert seen == ["let go", "wait_empty, held record done: True"]
+
+
+def test_the_timers_table_writes_go_to_the_partition_of_the_event_they_are_routed_to() -> None:
+    from pipeline.app import create_app
+    from pipeline.settings import WorkerSettings
+
+    class Event:
+        message = SimpleNamespace(partition=5, topic="task-checkpoints")
+
+    table = create_app(WorkerSettings(bootstrap="127.0.0.1:9")).tables["tasks"]  # nothing is contacted
+    with pytest.raises(TypeError, match="outside of stream"):
+        table.partition_for_key(b"k")
+    with writes_routed_to(Event()):  # type: ignore[arg-type]
+        assert table.partition_for_key(b"k") == 5
+    with pytest.raises(TypeError, match="outside of stream"):
+        table.partition_for_key(b"k")
+
+
 def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, Tables, JobStore, float, set[str]]:
     """Run the job until a checkpoint flags some tasks; return the tables before that checkpoint's
     evaluation, the tables, the store, its time and its flags (evaluated, not yet committed)."""
@@ -283,3 +323,29 @@ def test_models_are_retired_only_once_the_job_row_naming_the_new_one_is_acknowle
         assert list(tables[2]) == [model_key(trace.job_id, job.model_version)]
         return
     raise AssertionError("the synthetic job never refitted")
+
+
+def test_held_records_are_released_only_by_their_jobs_task_row() -> None:
+    """`hold` ties an input record to the job's unwritten changes: the job's next task row (or its
+    drop) releases it, nothing else; a rebalance forgets it with the changes."""
+    tables: Tables = ({}, {}, {})
+    store = store_over(tables)
+    for job_id in ("a", "b"):
+        store.start(job_id, 10, ["x"], live=False)
+        job = store.job(job_id)
+        assert job is not None
+        job.state.observe_running("t", np.array([1.0]), 0.0, 1.0, 0)
+        store.put_task(job, "t")
+        store.hold(job_id, f"record of {job_id}")
+    store.write_changes("b")
+    assert store.take_written() == ["record of b"]
+    assert store.take_written() == []
+    store.evaluate("a", 2.0)
+    assert store.take_written() == ["record of a"] and len(tables[0]) == 2
+    store.hold("a", "late record")
+    store.drop("a")
+    assert store.take_written() == ["late record"]
+    store.hold("b", "lost record")
+    store.forget_cache()
+    store.write_changes("b")
+    assert store.take_written() == []
