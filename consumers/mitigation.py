@@ -58,10 +58,11 @@ restart, ``send_offsets_to_transaction`` with the group metadata of a session th
 out never returned. A timeout is retriable; when the retries are spent the batch is aborted and
 rewound (so a restart of the broker costs a redo of the batch, never a hung consumer)."""
 TXN_RETRY_BACKOFF_MS = 10
-"""The producer's first retry backoff (librdkafka's default: 100 ms). A transaction that starts while
-the coordinator still writes the previous one's commit markers is refused (CONCURRENT_TRANSACTIONS)
-and retried after it: in the demo one transaction in ten paid the default's 100 ms, on the closed
-loop's path. Later retries of one request still back off exponentially (``retry.backoff.max.ms``)."""
+"""The producer's first retry backoff (librdkafka's default: 100 ms). A transaction that starts right
+after the previous one committed can be refused while the coordinator completes that one
+(CONCURRENT_TRANSACTIONS) and is retried after the backoff: with the default, one
+``send_offsets_to_transaction`` in ten took 100 ms in the demo, on the closed loop's path. Later
+retries of one request still back off exponentially, up to ``retry.backoff.max.ms``."""
 
 
 @dataclass

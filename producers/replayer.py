@@ -67,10 +67,10 @@ COMMITTED_POLL_SECONDS = 0.005
 """Pause between two reads of the mitigator's committed offsets: nothing announces that they moved."""
 
 COMMANDS_FETCH_WAIT_MS = 10
-"""``fetch.wait.max.ms`` of the commands reader (librdkafka's default: 500). A read_committed fetch
-that is waiting when a transaction commits is not answered at the commit (no record arrives, the
-stable offset moves): the demo's replayer waited out the full 500 ms for its commands at most
-instants, half its replay time."""
+"""``fetch.wait.max.ms`` of the commands reader (librdkafka's default: 500). The commands of a
+transaction that committed while the reader's fetch was waiting reached the reader only when that
+wait ran out: with the default, the demo's replayer spent 500 ms reading its commands at most
+instants, half its replay time. Costs an idle fetch every 10 ms while the replay runs."""
 
 OFFSETS_RETRY_BACKOFF_MS = 10
 """``retry.backoff.ms`` of the committed-offsets reader (librdkafka's default: 100). Offsets that a
