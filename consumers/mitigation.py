@@ -32,6 +32,7 @@ from consumers.fold import MitigationState, Output, Rebuild
 from consumers.metrics import MitigationMetrics
 from schemas import RelaunchCommand, encode
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
+from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
@@ -56,6 +57,12 @@ TXN_CALL_TIMEOUT_S = 15.0
 restart, ``send_offsets_to_transaction`` with the group metadata of a session that has meanwhile timed
 out never returned. A timeout is retriable; when the retries are spent the batch is aborted and
 rewound (so a restart of the broker costs a redo of the batch, never a hung consumer)."""
+TXN_RETRY_BACKOFF_MS = 10
+"""The producer's first retry backoff (librdkafka's default: 100 ms). A transaction that starts right
+after the previous one committed can be refused while the coordinator completes that one
+(CONCURRENT_TRANSACTIONS) and is retried after the backoff: with the default, one
+``send_offsets_to_transaction`` in ten took 100 ms in the demo, on the closed loop's path. Later
+retries of one request still back off exponentially, up to ``retry.backoff.max.ms``."""
 
 
 @dataclass
@@ -72,21 +79,6 @@ class MitigationStats:
     aborts: int = 0
     rebuilt_records: int = 0
     """Input records replayed (without producing) to rebuild the state after assignments and aborts."""
-
-
-def arrived(consumer: Consumer, budget: int) -> list[Message]:
-    """What has arrived, up to ``budget``; waits (up to `POLL_TIMEOUT_S`) only when nothing has.
-
-    ``consume(num_messages=n, timeout=t)`` returns only once it has n messages or t has passed, so
-    asking for a full batch with a timeout held every command of a quiet stream back by up to t
-    (0.5 s: most of the decision latency's p99 in `bench/latency.py --quick`), and the last batch of
-    a state rebuild as well."""
-    batch = consumer.consume(num_messages=budget, timeout=0)
-    if not batch:
-        batch = consumer.consume(num_messages=1, timeout=POLL_TIMEOUT_S)
-        if batch and budget > 1:
-            batch += consumer.consume(num_messages=budget - 1, timeout=0)
-    return batch
 
 
 class MitigationConsumer:
@@ -212,11 +204,12 @@ class MitigationConsumer:
     def _producer_config(self) -> ClientConfig:
         config = producer_config(self.bootstrap, transactional_id=self.transactional_id)
         config.setdefault("partitioner", "murmur2_random")  # Java's and Faust's key -> partition
+        config["retry.backoff.ms"] = TXN_RETRY_BACKOFF_MS
         return config
 
     def _consume(self, consumer: Consumer, budget: int) -> list[Message]:
         records = []
-        for message in arrived(consumer, budget):
+        for message in arrived(consumer, budget, POLL_TIMEOUT_S):
             error = message.error()
             if error is None:
                 records.append(message)
@@ -335,7 +328,7 @@ class MitigationConsumer:
                         f"state rebuild did not reach the committed offsets of {rebuild.remaining}"
                     )
                 reading = set(rebuild.remaining)
-                for message in arrived(reader, self.batch_size):
+                for message in arrived(reader, self.batch_size, POLL_TIMEOUT_S):
                     topic, partition = message.topic() or "", message.partition() or 0
                     error = message.error()
                     if error is None:

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from tqdm import tqdm
 
 from schemas import (
@@ -37,6 +45,7 @@ from schemas import (
 )
 from straggler.core.jobtrace import FloatArray, JobTrace
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
+from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.simulation import CheckpointStep, JobOutcome, JobSimulation, finish_order
@@ -49,7 +58,23 @@ FLUSH_TIMEOUT_SECONDS = 120.0
 """How long a flush may take before the broker is declared unreachable."""
 
 POLL_SECONDS = 0.05
-"""Consumer poll granularity while the closed loop waits for the pipeline."""
+"""Longest a closed-loop read blocks while nothing arrives (it returns as soon as something does)."""
+
+READ_BATCH = 1000
+"""Records a closed-loop read takes at most at once."""
+
+COMMITTED_POLL_SECONDS = 0.005
+"""Pause between two reads of the mitigator's committed offsets: nothing announces that they moved."""
+
+COMMANDS_FETCH_WAIT_MS = 10
+"""``fetch.wait.max.ms`` of the commands reader (librdkafka's default: 500). The commands of a
+transaction that committed while the reader's fetch was waiting reached the reader only when that
+wait ran out: with the default, the demo's replayer spent 500 ms reading its commands at most
+instants, half its replay time. Costs an idle fetch every 10 ms while the replay runs."""
+
+OFFSETS_RETRY_BACKOFF_MS = 10
+"""``retry.backoff.ms`` of the committed-offsets reader (librdkafka's default: 100). Offsets that a
+transaction has sent but not yet committed are refused (unstable) and asked again after it."""
 
 PRODUCER_SOURCE = "replayer"
 
@@ -160,8 +185,16 @@ class _PipelineWatch:
         own_group = f"straggler-replayer-{uuid.uuid4().hex[:12]}"
         self.topics = topics
         self.predictions = Consumer(dict(consumer_config(bootstrap, own_group)))
-        self.commands = Consumer({**consumer_config(bootstrap, own_group), "enable.partition.eof": True})
-        self.offsets = Consumer(dict(consumer_config(bootstrap, mitigator_group)))
+        self.commands = Consumer(
+            {
+                **consumer_config(bootstrap, own_group),
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": COMMANDS_FETCH_WAIT_MS,
+            }
+        )
+        self.offsets = Consumer(
+            {**consumer_config(bootstrap, mitigator_group), "retry.backoff.ms": OFFSETS_RETRY_BACKOFF_MS}
+        )
         self.prediction_partitions = self._assign_at_end(self.predictions, topics.predictions)
         self.command_partitions = self._assign_at_end(self.commands, topics.commands)
         self.markers: dict[tuple[str, float], tuple[int, int]] = {}
@@ -173,7 +206,8 @@ class _PipelineWatch:
     @staticmethod
     def _assign_at_end(consumer: Consumer, topic: str) -> list[int]:
         partitions = _require_topics(consumer, (topic,))[topic]
-        consumer.assign([TopicPartition(topic, p, _end_offset(consumer, topic, p)) for p in partitions])
+        ends = _end_offsets(consumer, topic, partitions)
+        consumer.assign([TopicPartition(topic, p, ends[p]) for p in partitions])
         return partitions
 
     def _decode(self, message: Message) -> list[Event]:
@@ -184,7 +218,7 @@ class _PipelineWatch:
             return []
 
     def _read_markers(self) -> None:
-        for message in self.predictions.consume(num_messages=1000, timeout=POLL_SECONDS):
+        for message in arrived(self.predictions, READ_BATCH, POLL_SECONDS):
             if message.error() is not None:
                 continue
             for event in self._decode(message):
@@ -198,11 +232,27 @@ class _PipelineWatch:
         if partition is not None and offset is not None:
             self.boundaries[(job_id, t)] = (partition, offset)
 
-    def _committed(self, topic: str, partitions: set[int]) -> dict[int, int]:
+    def _committed_past(self, t: float, jobs: set[str]) -> set[str]:
+        """The jobs (their markers for ``t`` read) whose marker and boundary for ``t`` the mitigator
+        has committed past; forgets their positions. One request for both topics."""
+        wanted = {job: (self.markers[(job, t)], self.boundaries.get((job, t))) for job in jobs}
+        partitions = {(self.topics.predictions, p) for (p, _), _ in wanted.values()}
+        partitions |= {(self.topics.checkpoints, b[0]) for _, b in wanted.values() if b is not None}
         committed = self.offsets.committed(
-            [TopicPartition(topic, p) for p in sorted(partitions)], timeout=FLUSH_TIMEOUT_SECONDS
+            [TopicPartition(topic, p) for topic, p in sorted(partitions)], timeout=FLUSH_TIMEOUT_SECONDS
         )
-        return {tp.partition: tp.offset for tp in committed if tp.error is None}
+        offsets = {(tp.topic, tp.partition): tp.offset for tp in committed if tp.error is None}
+        done = set()
+        for job, ((p, offset), bound) in wanted.items():
+            if (
+                bound is not None
+                and offsets.get((self.topics.predictions, p), -1) > offset
+                and offsets.get((self.topics.checkpoints, bound[0]), -1) > bound[1]
+            ):
+                done.add(job)
+                del self.markers[(job, t)]
+                del self.boundaries[(job, t)]
+        return done
 
     def wait_evaluated(self, t: float, jobs: Sequence[str], timeout: float) -> None:
         """Return once every job's marker for ``t`` is read and the mitigator has committed past it,
@@ -211,46 +261,39 @@ class _PipelineWatch:
         The mitigation consumer acts on a checkpoint only once it has read both the agent's marker
         and the job's own boundary (they are on different topics), and commits its input offsets in
         the transaction that carries the commands: past both offsets, the commands are committed.
+        The markers are read as they arrive; the committed offsets, which nothing announces, are
+        asked for once every marker is in, then every `COMMITTED_POLL_SECONDS`.
         """
         waiting = set(jobs)
         deadline = time.monotonic() + timeout
-        while True:
+        while any((job, t) not in self.markers for job in waiting):
+            if time.monotonic() > deadline:
+                raise self._stalled(t, waiting, timeout)
             self._read_markers()
-            marked = {job: self.markers[(job, t)] for job in waiting if (job, t) in self.markers}
-            if marked:
-                on_predictions = self._committed(self.topics.predictions, {p for p, _ in marked.values()})
-                bounds = {job: self.boundaries.get((job, t), (-1, -1)) for job in marked}
-                on_checkpoints = self._committed(
-                    self.topics.checkpoints, {p for p, _ in bounds.values() if p >= 0}
-                )
-                for job, (p, offset) in marked.items():
-                    bp, boffset = bounds[job]
-                    if (
-                        on_predictions.get(p, -1) > offset
-                        and bp >= 0
-                        and on_checkpoints.get(bp, -1) > boffset
-                    ):
-                        waiting.discard(job)
-                        del self.markers[(job, t)]
-                        self.boundaries.pop((job, t), None)
+        while True:
+            waiting -= self._committed_past(t, waiting)
             if not waiting:
                 return
             if time.monotonic() > deadline:
-                why = {
-                    job: (
-                        "mitigation consumer has not committed past the checkpoint_evaluated marker "
-                        "and the job's checkpoint_boundary"
-                        if (job, t) in self.markers
-                        else "no checkpoint_evaluated marker from the agent"
-                    )
-                    for job in waiting
-                }
-                raise ReplayStalled(t, why, timeout)
+                raise self._stalled(t, waiting, timeout)
+            time.sleep(COMMITTED_POLL_SECONDS)
+
+    def _stalled(self, t: float, waiting: set[str], timeout: float) -> ReplayStalled:
+        why = {
+            job: (
+                "mitigation consumer has not committed past the checkpoint_evaluated marker "
+                "and the job's checkpoint_boundary"
+                if (job, t) in self.markers
+                else "no checkpoint_evaluated marker from the agent"
+            )
+            for job in waiting
+        }
+        return ReplayStalled(t, why, timeout)
 
     def read_commands(self, t: float, timeout: float) -> list[RelaunchCommand]:
         """Every committed command up to the end of the commands topic as it stands now."""
         # Ask a consumer that does not fetch: the fetching one's request would queue behind its long poll.
-        ends = {p: _end_offset(self.offsets, self.topics.commands, p) for p in self.command_partitions}
+        ends = _end_offsets(self.offsets, self.topics.commands, self.command_partitions)
         found: list[RelaunchCommand] = []
         deadline = time.monotonic() + timeout
         while any(self.command_eof.get(p, -1) < end for p, end in ends.items()):
@@ -259,7 +302,7 @@ class _PipelineWatch:
                 raise ReplayStalled(
                     t, {f"{self.topics.commands}[{p}]": "not readable to its end" for p in behind}, timeout
                 )
-            for message in self.commands.consume(num_messages=1000, timeout=POLL_SECONDS):
+            for message in arrived(self.commands, READ_BATCH, POLL_SECONDS):
                 error = message.error()
                 partition, offset = message.partition(), message.offset()
                 if error is not None:
@@ -561,6 +604,18 @@ def _end_offset(consumer: Consumer, topic: str, partition: int) -> int:
             if not retriable or time.monotonic() > deadline:
                 raise
             time.sleep(POLL_SECONDS)
+
+
+def _end_offsets(consumer: Consumer, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+    """Each partition's end offset, in one request (the latest offset of each, as the consumer's
+    isolation level sees it); a partition without an answer is asked alone, with `_end_offset`."""
+    asked = [TopicPartition(topic, p, OFFSET_END) for p in partitions]
+    try:
+        answered = consumer.offsets_for_times(asked, timeout=FLUSH_TIMEOUT_SECONDS)
+    except KafkaException:
+        answered = []
+    ends = {tp.partition: tp.offset for tp in answered if tp.error is None and tp.offset >= 0}
+    return {p: ends[p] if p in ends else _end_offset(consumer, topic, p) for p in partitions}
 
 
 def _smallest_spacing(traces: Sequence[JobTrace]) -> float | None:

@@ -41,6 +41,7 @@ from straggler.core.jobtrace import JobTrace
 from straggler.core.metrics import confusion
 from straggler.core.threshold import oracle_threshold
 from straggler.kafka.config import consumer_config
+from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.simulation import checkpoint_interval, limit_outcome
 
@@ -117,7 +118,7 @@ def read_topic(
         values: list[bytes] = []
         deadline = time.monotonic() + timeout
         while todo and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=1000, timeout=0.5):
+            for message in arrived(consumer, 1000, 0.5):
                 if not message.error():
                     values.append(message.value() or b"")
             positions = consumer.position([TopicPartition(topic, p) for p in todo])
