@@ -44,7 +44,8 @@ class Run:
     command: str
     """As docs/results.md prints it (after ``OMP_NUM_THREADS=1``), shell variables expanded."""
     seconds: float
-    """Expected wall clock: docs/results.md's figure, or an estimate when ``measured`` is False."""
+    """Expected wall clock: a figure of docs/results.md (its run times, its commands' comments, or its
+    "Checking reproduction" records), or an estimate when ``measured`` is False."""
     measured: bool = True
     setup: tuple[str, ...] = ()
     """Commands that make the run's input first (documented beside it)."""
@@ -269,8 +270,7 @@ RUNS = (
             "--policies speculate --workers 2",
             "nurd-calibrated/synthetic-online",
         ),
-        300.0,
-        measured=False,
+        199.47,
     ),
     Run(
         "§10",
@@ -279,8 +279,7 @@ RUNS = (
             "--methods nurd,nurd-nc,gbtr,reactive --policies speculate --workers 2",
             "nurd-calibrated/usage-generated-online",
         ),
-        300.0,
-        measured=False,
+        54.12,
         setup=(
             f"{PYTHON} scripts/make_usage_trace.py --jobs 60 --seed 7 --window-seconds 300 "
             "--out /tmp/usage60",
@@ -293,8 +292,7 @@ RUNS = (
             "--threshold online --methods nurd,nurd-nc,gbtr,reactive --policies speculate --workers 2",
             "nurd-calibrated/usage-fixture-online",
         ),
-        15.0,
-        measured=False,
+        7.11,
     ),
     *(
         Run(
