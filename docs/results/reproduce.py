@@ -334,6 +334,9 @@ def argv_for(command: str, scratch: Path, workers: int | None) -> list[str]:
 
 
 MISSING = object()
+"""A key one of two JSON objects lacks."""
+NO_ITEM = object()
+"""An index past the end of the shorter of two JSON arrays."""
 
 
 def same(a: Any, b: Any) -> bool:
@@ -348,23 +351,23 @@ def same(a: Any, b: Any) -> bool:
 
 
 def differences(committed: Any, new: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
-    """Every key path where the two loaded JSON documents differ, with both values (MISSING if absent)."""
+    """Every key path where the two loaded JSON documents differ, with both values (or a sentinel)."""
     if isinstance(committed, dict) and isinstance(new, dict):
         for key in [*committed, *(k for k in new if k not in committed)]:
             yield from differences(committed.get(key, MISSING), new.get(key, MISSING), f"{path}/{key}")
     elif isinstance(committed, list) and isinstance(new, list):
         for i in range(max(len(committed), len(new))):
             yield from differences(
-                committed[i] if i < len(committed) else MISSING,
-                new[i] if i < len(new) else MISSING,
+                committed[i] if i < len(committed) else NO_ITEM,
+                new[i] if i < len(new) else NO_ITEM,
                 f"{path}/{i}",
             )
-    elif committed is MISSING or new is MISSING or not same(committed, new):
+    elif not same(committed, new):
         yield path or "/", committed, new
 
 
 def shown(value: Any) -> str:
-    if value is MISSING:
+    if value is MISSING or value is NO_ITEM:
         return "(absent)"
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
