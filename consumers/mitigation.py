@@ -78,7 +78,7 @@ class MitigationStats:
     transactions: int = 0
     aborts: int = 0
     rebuilt_records: int = 0
-    """Input records replayed (without producing) to rebuild the state after assignments and aborts."""
+    """Input records folded again (without producing) to rebuild the state after assignments and aborts."""
 
 
 class MitigationConsumer:
@@ -301,21 +301,21 @@ class MitigationConsumer:
         committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions else []
         targets = {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
         state = MitigationState(self.policy_spec, self.checkpoint_interval, self._input_partitions(consumer))
-        replayed = self._replay(state, targets)
+        folded = self._fold_committed(state, targets)
         self._state = state
-        self._stats.rebuilt_records += replayed
-        log.info("rebuilt the state of %d partitions from %d records", len(partitions), replayed)
+        self._stats.rebuilt_records += folded
+        log.info("rebuilt the state of %d partitions from %d records", len(partitions), folded)
         return [
             TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
             for tp in committed
         ]
 
-    def _replay(self, state: MitigationState, targets: dict[tuple[str, int], int]) -> int:
+    def _fold_committed(self, state: MitigationState, targets: dict[tuple[str, int], int]) -> int:
         """Fold every record before ``targets`` (exclusive end offsets) into ``state``; outputs dropped."""
         if not targets:
             return 0
         config = consumer_config(self.bootstrap, f"{self.group_id}-rebuild", read_committed=True)
-        config["enable.partition.eof"] = True  # the end of a partition ends its replay (below)
+        config["enable.partition.eof"] = True  # the end of a partition ends its rebuild (below)
         reader = Consumer(config)
         rebuild = Rebuild(state, targets)
         deadline = time.monotonic() + REBUILD_TIMEOUT_S

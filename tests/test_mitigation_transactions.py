@@ -130,13 +130,13 @@ class Consumer(MitigationConsumer):
         super().__init__("unused:9092", "unlimited", topics=TOPICS, batch_size=10)
         self.beats = 0
         self.heartbeat = self._count_beat
-        self.replayed_to: list[dict[tuple[str, int], int]] = []
+        self.folded_to: list[dict[tuple[str, int], int]] = []
 
     def _count_beat(self) -> None:
         self.beats += 1
 
-    def _replay(self, state: MitigationState, targets: dict[tuple[str, int], int]) -> int:
-        self.replayed_to.append(dict(targets))
+    def _fold_committed(self, state: MitigationState, targets: dict[tuple[str, int], int]) -> int:
+        self.folded_to.append(dict(targets))
         return 0
 
 
@@ -178,7 +178,7 @@ def test_a_commit_that_requires_abort_after_the_offsets_were_sent_aborts_and_rew
     assert (live._stats.transactions, live._stats.consumed, live._stats.dead_letters) == (0, 0, 0)
     # back to the committed offsets, with the state rebuilt as of them (the batch's effects gone)
     assert [(tp.topic, tp.partition, tp.offset) for tp in consumer.seeks] == [(TOPICS.predictions, 0, 4)]
-    assert live.replayed_to == [{(TOPICS.predictions, 0): 4}]
+    assert live.folded_to == [{(TOPICS.predictions, 0): 4}]
     assert live._state.dead_letters == 0
 
 
