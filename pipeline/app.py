@@ -35,6 +35,7 @@ from pipeline.commits import give_up, let_go_before_waiting, writes_routed_to
 from pipeline.durability import acknowledged, drain_fully
 from pipeline.flow import keep_queued_records
 from pipeline.handler import (
+    IDLE_SECONDS,
     Action,
     AgentStats,
     ForwardRecord,
@@ -257,10 +258,10 @@ def create_app(settings: WorkerSettings) -> faust.App:
             handler.letters_sent()
             settle()
 
-    @app.timer(interval=1.0)
+    @app.timer(interval=IDLE_SECONDS / 2)
     async def write_held_changes() -> None:
-        """Jobs that held records longer than the handler allows have their changes written, so a
-        job without checkpoints does not hold its partition's commits back."""
+        """Jobs that held records longer than the handler allows, or any once the input paused, have
+        their changes written, so a job without checkpoints does not hold its partition's commits back."""
         if not app.flow_control.is_active():
             return  # partitions are moving
         overdue = handler.overdue()

@@ -115,6 +115,9 @@ class Acknowledge:
 ACKNOWLEDGE = Acknowledge()
 HOLD_SECONDS = 2.0
 """How long a record may wait for its job's next checkpoint before the job's changes are written."""
+IDLE_SECONDS = 0.25
+"""Once no record has arrived for this long the input has paused: every held job is written then,
+so a pause (or the end of a replay) makes everything durable at once, not after `HOLD_SECONDS`."""
 Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge
 
 
@@ -185,6 +188,8 @@ class JobEventHandler:
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
     hold_seconds: float = HOLD_SECONDS
+    idle_seconds: float = IDLE_SECONDS
+    _last_received: float = float("-inf")
     _held: dict[TopicPartition, deque[_Held]] = field(default_factory=dict)
     """Records not acknowledged yet, per input partition in offset order."""
     _current: _Held | None = None
@@ -197,6 +202,7 @@ class JobEventHandler:
     def receive(self, record: InputRecord) -> None:
         """Start handling ``record``: it is held until `finish` (or its job's task row) lets it go."""
         entry = _Held(record, self.clock(), self._generation)
+        self._last_received = entry.received
         self._held.setdefault((record.topic, record.partition), deque()).append(entry)
         self._current = entry
 
@@ -269,10 +275,15 @@ class JobEventHandler:
 
     def _overdue(self, held: deque[_Held]) -> bool:
         """Whether the partition's oldest record waits for a job's task row longer than allowed."""
-        return bool(held) and held[0].waiting and held[0].received <= self.clock() - self.hold_seconds
+        return bool(held) and held[0].waiting and held[0].received <= self._deadline()
+
+    def _deadline(self) -> float:
+        """Records received at or before this are held too long (all of them once the input paused)."""
+        now = self.clock()
+        return now if now - self._last_received >= self.idle_seconds else now - self.hold_seconds
 
     def _overdue_jobs(self, held: deque[_Held]) -> dict[str, InputRecord]:
-        deadline = self.clock() - self.hold_seconds
+        deadline = self._deadline()
         jobs: dict[str, InputRecord] = {}
         for entry in held:
             if entry.received > deadline:

@@ -449,6 +449,22 @@ def test_a_job_without_checkpoints_is_written_once_its_records_are_held_too_long
     assert worker.handler.overdue() == []
 
 
+def test_once_the_input_pauses_every_held_job_is_written_without_waiting_out_the_hold() -> None:
+    worker = Worker()
+    for event in [started("a"), running("ra", 1.0, "a")]:
+        worker.event(event)
+    acked(worker)
+    assert worker.handler.idle_seconds < worker.handler.hold_seconds
+    worker.now = worker.handler.idle_seconds / 2  # records may still be coming
+    assert worker.handler.overdue() == []
+
+    worker.now = worker.handler.idle_seconds  # nothing arrived since: the input paused
+    ((job_id, record),) = worker.handler.overdue()
+    assert job_id == "a" and record.offset == 2
+    assert worker.handler.write_held("a")
+    assert acked(worker) == [2]
+
+
 def test_the_timer_writes_no_job_whose_last_job_row_may_not_be_on_the_broker_yet() -> None:
     worker = Worker()
     for event in [started(), *some_finished(), running("r", 10.0), boundary(10.0)]:
