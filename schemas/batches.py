@@ -12,16 +12,33 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
+import orjson
 
-from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode, decode_object, encode, payload_size, written
+from schemas.codec import (
+    MAX_PAYLOAD_BYTES,
+    SchemaError,
+    decode,
+    decode_object,
+    encode,
+    payload_size,
+    schema_document,
+    within_limit,
+    written,
+)
 from schemas.events import CheckpointEvaluated, Event, Prediction, PredictionBatch, TaskBatch, TaskCheckpoint
 
 _ENVELOPE = ("type", "schema_version", "job_id", "source")
 """task_checkpoint fields a batch carries once, not per observation."""
+MAX_OBSERVATIONS: int = schema_document("task_batch", 1)["properties"]["observations"]["maxItems"]
+"""Most observations a task_batch record may carry."""
+_CHECKPOINT_PREFIX = b'{"type":"task_checkpoint","schema_version":1,"job_id":'
+"""How `encode` starts a task_checkpoint record, up to its job id."""
+_OBSERVATIONS_KEY = b'"observations":['
 
 VERDICT_COLUMNS = (
     "task_id",
@@ -68,7 +85,7 @@ class _Batch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["task_batch"]
     schema_version: Literal[1]
     job_id: _Id
-    observations: Annotated[list[Observation], msgspec.Meta(max_length=4096)]
+    observations: Annotated[list[Observation], msgspec.Meta(max_length=MAX_OBSERVATIONS)]
     produced_at: _NonNegative | None = None
     source: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
@@ -183,23 +200,54 @@ def task_batches(
 ) -> list[bytes]:
     """Encoded ``task_batch`` records carrying ``events`` (all of ``job_id``), in order, each within 64 KiB.
 
-    Every observation is validated as a task_checkpoint first (raising `SchemaError`), so a producer
-    never sends an observation the agent would reject.
+    Every observation is validated once as a task_checkpoint (raising `SchemaError`), so a producer
+    never sends an observation the agent would reject, and the batch's own fields once. A batch over a
+    limit is halved until its parts fit (`_halved`); a part's size is added up from its observations'
+    encoded sizes, so nothing is encoded or validated again at each halving.
     """
-    bodies = []
+    bodies = _observation_bodies(job_id, events)
+    stamp = time.time() if produced_at is None else produced_at
+    empty = encode(TaskBatch(job_id=job_id, observations=[], produced_at=stamp, source=source))
+    cut = empty.index(_OBSERVATIONS_KEY) + len(_OBSERVATIONS_KEY)
+    head, tail = empty[:cut], empty[cut:]
+    ends = list(accumulate((len(body) for body in bodies), initial=0))
+
+    def fits(start: int, stop: int) -> bool:
+        size = len(empty) + ends[stop] - ends[start] + (stop - start - 1)  # a comma between two
+        return stop - start <= MAX_OBSERVATIONS and size <= MAX_PAYLOAD_BYTES
+
+    return [
+        within_limit("task_batch", head + b",".join(bodies[start:stop]) + tail)
+        for start, stop in _halved(0, len(bodies), fits)
+    ]
+
+
+def _observation_bodies(job_id: str, events: Sequence[TaskCheckpoint]) -> list[bytes]:
+    """Each event as a task_batch observation, encoded: its task_checkpoint record (`encode`, which
+    validates it) less the fields a batch carries once, which `encode` writes first (type, version,
+    job) and last (source)."""
+    bodies: list[bytes] = []
+    head = b""
+    tails: dict[str | None, bytes] = {}
     for event in events:
         if event.job_id != job_id:
             raise ValueError(f"task_batches: event of job {event.job_id!r} in a batch of {job_id!r}")
-        obj = event.to_dict()
-        encode(event)  # the single event's contract, with its own error messages
-        bodies.append({k: v for k, v in obj.items() if k not in _ENVELOPE})
-    stamp = time.time() if produced_at is None else produced_at
+        record = encode(event)  # the single event's contract, with its own error messages
+        if not head:
+            head = _CHECKPOINT_PREFIX + orjson.dumps(event.job_id) + b","
+        tail = tails.get(event.source)
+        if tail is None:
+            tail = tails[event.source] = b"}" if event.source is None else _source_tail(event.source)
+        if record.startswith(head) and record.endswith(tail):
+            bodies.append(b"{" + record[len(head) : len(record) - len(tail)] + b"}")
+        else:  # written otherwise than assumed (an unusual schema_version): encode the body itself
+            body = {k: v for k, v in event.to_dict().items() if k not in _ENVELOPE}
+            bodies.append(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
+    return bodies
 
-    def payload(start: int, stop: int) -> bytes:
-        part = bodies[start:stop]
-        return encode(TaskBatch(job_id=job_id, observations=part, produced_at=stamp, source=source))
 
-    return [written_run for _, _, written_run in _fitting(0, len(bodies), payload)]
+def _source_tail(source: str) -> bytes:
+    return b',"source":' + orjson.dumps(source) + b"}"
 
 
 def prediction_batches(predictions: Sequence[Prediction], marker: CheckpointEvaluated) -> list[bytes]:
@@ -367,6 +415,17 @@ def _fitting(start: int, stop: int, payload: Callable[[int, int], bytes]) -> Ite
         yield from _fitting(middle, stop, payload)
         return
     yield start, stop, written_run
+
+
+def _halved(start: int, stop: int, fits: Callable[[int, int], bool]) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` halved as `_fitting` halves it, ``fits`` telling whether a run's record is
+    within the limits; a single item is a run even if it does not fit (its record then says why)."""
+    if stop - start <= 1 or fits(start, stop):
+        yield start, stop
+        return
+    middle = start + (stop - start) // 2
+    yield from _halved(start, middle, fits)
+    yield from _halved(middle, stop, fits)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from schemas import (
     TaskBatch,
     TaskCheckpoint,
     decode,
+    encode,
     expand_predictions,
     observations,
     prediction_batches,
@@ -87,6 +88,95 @@ def test_a_producer_cannot_batch_an_invalid_observation_or_another_job() -> None
         task_batches("job-1", [TaskCheckpoint(**{**_running(1).to_dict(), "status": "finished"})])
     with pytest.raises(ValueError, match="job"):
         task_batches("job-1", [_running(1, job="job-2")])
+
+
+def _halved_whole_batches(
+    job_id: str, events: list[TaskCheckpoint], source: str | None, produced_at: float
+) -> list[bytes]:
+    """The records as the contract defines them: the whole batch encoded (and validated), halved while
+    it breaks the size or item limit."""
+    bodies = [_body(event.to_dict()) for event in events]
+
+    def cut(start: int, stop: int) -> list[bytes]:
+        part = bodies[start:stop]
+        batch = TaskBatch(job_id=job_id, observations=part, produced_at=produced_at, source=source)
+        try:
+            return [encode(batch)]
+        except SchemaError as error:
+            if error.rule not in ("maxSize", "maxItems") or stop - start <= 1:
+                raise
+            middle = start + (stop - start) // 2
+            return cut(start, middle) + cut(middle, stop)
+
+    return cut(0, len(bodies))
+
+
+def _observation_of_size(i: int, size: int) -> TaskCheckpoint:
+    """A running observation whose body in a task_batch record is exactly ``size`` bytes (>= ~150)."""
+
+    def sized(features: dict[str, float], task_id: str = "t") -> TaskCheckpoint:
+        return dataclasses.replace(_running(i), task_id=task_id, features=features)
+
+    def length(event: TaskCheckpoint) -> int:
+        return len(orjson.dumps(_body(event.to_dict())))
+
+    features: dict[str, float] = {}
+    while length(sized(features)) + 1200 < size:
+        features[f"{len(features):04d}" + "x" * 996] = 1.0
+    rest = size - length(sized(features)) - 150
+    if rest > 0:
+        features["k" * rest] = 2.5
+    event = sized(features, "t" * (1 + size - length(sized(features))))
+    assert length(event) == size
+    return event
+
+
+@pytest.mark.parametrize(
+    ("overs", "counts"),
+    [
+        pytest.param((0,), [3], id="whole-batch-at-the-limit"),
+        pytest.param((1,), [1, 2], id="one-byte-over"),
+        pytest.param((1, 0), [1, 2, 3], id="first-half-over-second-at-the-limit"),
+        pytest.param((0, 1, 0, 0), [3, 1, 2, 3, 3], id="second-quarter-over"),
+    ],
+)
+def test_a_batch_splits_near_the_limit_where_halving_the_whole_batch_does(
+    overs: tuple[int, ...], counts: list[int]
+) -> None:
+    """Each entry of ``overs`` is 3 observations whose record alone is the limit plus that many bytes."""
+    empty = len(encode(TaskBatch(job_id="job-1", observations=[], produced_at=1.7e9, source="replayer")))
+    events: list[TaskCheckpoint] = []
+    for over in overs:
+        room = MAX_PAYLOAD_BYTES + over - empty - 2  # two commas between three observations
+        for size in (room // 3, room // 3, room - 2 * (room // 3)):
+            events.append(_observation_of_size(len(events), size))
+    records = task_batches("job-1", events, source="replayer", produced_at=1.7e9)
+    assert records == _halved_whole_batches("job-1", events, "replayer", 1.7e9)
+    assert [len(_batch(record).observations) for record in records] == counts
+    whole = [len(record) for record, count in zip(records, counts, strict=True) if count == 3]
+    assert whole == [MAX_PAYLOAD_BYTES] * overs.count(0)
+    assert [obs for record in records for obs in observations(_batch(record))] == events
+
+
+def test_an_observation_alone_over_the_limit_is_refused_as_halving_would() -> None:
+    empty = len(encode(TaskBatch(job_id="job-1", observations=[], produced_at=1.7e9, source="replayer")))
+    events = [_running(0), _observation_of_size(1, MAX_PAYLOAD_BYTES + 1 - empty), _running(2)]
+    with pytest.raises(SchemaError) as reference:
+        _halved_whole_batches("job-1", events, "replayer", 1.7e9)
+    with pytest.raises(SchemaError) as refused:
+        task_batches("job-1", events, source="replayer", produced_at=1.7e9)
+    assert str(refused.value) == str(reference.value)
+    assert (refused.value.field, refused.value.rule) == ("task_batch", "maxSize")
+
+
+def test_batches_are_the_bytes_of_halving_whole_batches() -> None:
+    events = [_running(i) for i in range(5000)] + [
+        dataclasses.replace(_running(7), status="finished", latency=12.5, source=None),
+        dataclasses.replace(_running(8), status="killed", start_time=None),
+    ]
+    for source in ("replayer", None, 'odd "source"'):
+        records = task_batches("job-1", events, source=source, produced_at=0.5)
+        assert records == _halved_whole_batches("job-1", events, source, 0.5)
 
 
 def test_verdicts_and_marker_survive_the_parts() -> None:
