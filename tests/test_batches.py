@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -93,8 +95,12 @@ def test_a_producer_cannot_batch_an_invalid_observation_or_another_job() -> None
 def _halved_whole_batches(
     job_id: str, events: list[TaskCheckpoint], source: str | None, produced_at: float
 ) -> list[bytes]:
-    """The records as the contract defines them: the whole batch encoded (and validated), halved while
-    it breaks the size or item limit."""
+    """The records as the contract defines them: each event validated (`encode`), then the whole batch
+    encoded (and validated), halved while it breaks the size or item limit."""
+    for event in events:
+        if event.job_id != job_id:
+            raise ValueError(f"task_batches: event of job {event.job_id!r} in a batch of {job_id!r}")
+        encode(event)
     bodies = [_body(event.to_dict()) for event in events]
 
     def cut(start: int, stop: int) -> list[bytes]:
@@ -273,6 +279,72 @@ def test_the_fast_path_accepts_nothing_the_schema_rejects(body: dict[str, Any]) 
     assert _fast_observations(payload) is None
     (slow,) = observations(batch, payload)  # falls back to the schema, which names the error
     assert isinstance(slow, SchemaError)
+
+
+def _events_to_batch() -> list[Any]:
+    """Task checkpoints a producer might batch: every constructible rule case of tests/test_schemas.py,
+    numbers JSON cannot carry, and types the schema accepts or refuses that orjson writes anyway."""
+    from test_schemas import _rule_cases
+
+    class Status(enum.Enum):
+        RUNNING = "running"
+
+    class Level(enum.Enum):
+        ONE = 1.0
+
+    class Text(str):
+        pass
+
+    names = {f.name for f in dataclasses.fields(TaskCheckpoint)}
+    cases = []
+    for case in _rule_cases():
+        obj = case.values[0]
+        if isinstance(obj, dict) and obj.get("type") == "task_checkpoint" and set(obj) <= names:
+            try:
+                cases.append(pytest.param(TaskCheckpoint(**obj), id=case.id))
+            except TypeError:  # a required field missing
+                continue
+    good = _running(1)
+    finished = dataclasses.replace(good, status="finished", latency=12.5)
+    odd: dict[str, TaskCheckpoint] = {
+        "valid": good,
+        "no-source": dataclasses.replace(good, source=None),
+        "finished": finished,
+        "nan-feature": dataclasses.replace(good, features={"a": math.nan}),
+        "inf-feature": dataclasses.replace(good, features={"a": -math.inf}),
+        "nan-time": dataclasses.replace(good, checkpoint_time=math.nan),
+        "inf-start": dataclasses.replace(good, start_time=math.inf),
+        "nan-latency": dataclasses.replace(finished, latency=math.nan),
+        "nan-latency-running": dataclasses.replace(good, latency=math.nan),
+        "int-time": dataclasses.replace(good, checkpoint_time=600),
+        "int-feature": dataclasses.replace(good, features={"a": 3}),
+        "bool-feature": dataclasses.replace(good, features={"a": True}),
+        "numpy-feature": dataclasses.replace(good, features={"a": np.float64(2.5)}),
+        "bool-attempt": dataclasses.replace(good, attempt=True),
+        "float-version": dataclasses.replace(good, schema_version=1.0),  # type: ignore[arg-type]
+        "enum-status": dataclasses.replace(good, status=Status.RUNNING),  # type: ignore[arg-type]
+        "str-subclass": dataclasses.replace(good, task_id=Text("t"), machine_id=Text("m")),
+        "enum-feature": dataclasses.replace(good, features={"a": Status.RUNNING}),  # type: ignore[dict-item]
+        "number-enum-feature": dataclasses.replace(good, features={"a": Level.ONE}),  # type: ignore[dict-item]
+        "number-enum-attempt": dataclasses.replace(good, attempt=Level.ONE),  # type: ignore[arg-type]
+        "surrogate": dataclasses.replace(good, task_id="t\ud800"),
+        "long-source": dataclasses.replace(good, source="s" * 257),
+        "int-key": dataclasses.replace(good, features={1: 1.0}),  # type: ignore[dict-item]
+    }
+    return cases + [pytest.param(event, id=name) for name, event in odd.items()]
+
+
+@pytest.mark.parametrize("event", _events_to_batch())
+def test_a_producer_batches_exactly_what_encode_accepts(event: TaskCheckpoint) -> None:
+    events = [_running(0, job=event.job_id), event, _running(2, job=event.job_id)]
+    try:
+        expected: Any = _halved_whole_batches(event.job_id, events, "replayer", 1.7e9)
+    except (SchemaError, ValueError) as error:
+        with pytest.raises(type(error)) as refused:
+            task_batches(event.job_id, events, source="replayer", produced_at=1.7e9)
+        assert str(refused.value) == str(error)
+    else:
+        assert task_batches(event.job_id, events, source="replayer", produced_at=1.7e9) == expected
 
 
 def test_the_fast_path_reads_valid_batches_as_the_schema_does() -> None:
