@@ -12,16 +12,36 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
+import orjson
 
-from schemas.codec import MAX_PAYLOAD_BYTES, SchemaError, decode, decode_object, encode, payload_size, written
+from schemas.codec import (
+    MAX_PAYLOAD_BYTES,
+    SchemaError,
+    decode,
+    decode_object,
+    encode,
+    payload_size,
+    schema_document,
+    within_limit,
+    written,
+)
 from schemas.events import CheckpointEvaluated, Event, Prediction, PredictionBatch, TaskBatch, TaskCheckpoint
 
 _ENVELOPE = ("type", "schema_version", "job_id", "source")
 """task_checkpoint fields a batch carries once, not per observation."""
+_MAX_OBSERVATIONS: int = schema_document("task_batch", 1)["properties"]["observations"]["maxItems"]
+"""Most observations a task_batch record may carry."""
+_CHECKPOINT_PREFIX = b'{"type":"task_checkpoint","schema_version":1,"job_id":'
+"""How `encode` starts a task_checkpoint record, up to its job id."""
+_OBSERVATIONS_KEY = b'"observations":['
+"""Where an encoded task_batch's observations begin."""
+_MAX_ID_CHARS = 256
+"""Longest job id or source the schemas allow."""
 
 VERDICT_COLUMNS = (
     "task_id",
@@ -68,12 +88,13 @@ class _Batch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     type: Literal["task_batch"]
     schema_version: Literal[1]
     job_id: _Id
-    observations: Annotated[list[Observation], msgspec.Meta(max_length=4096)]
+    observations: Annotated[list[Observation], msgspec.Meta(max_length=_MAX_OBSERVATIONS)]
     produced_at: _NonNegative | None = None
     source: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
 _FAST_DECODER = msgspec.json.Decoder(_Batch)
+_OBSERVATION_LIST = msgspec.json.Decoder(list[Observation])
 _BATCH_PREFIX = b'{"type":"task_batch"'
 """How `encode` starts a task_batch record (its first field is the type)."""
 
@@ -183,23 +204,119 @@ def task_batches(
 ) -> list[bytes]:
     """Encoded ``task_batch`` records carrying ``events`` (all of ``job_id``), in order, each within 64 KiB.
 
-    Every observation is validated as a task_checkpoint first (raising `SchemaError`), so a producer
-    never sends an observation the agent would reject.
+    Every observation is validated once as a task_checkpoint (raising `SchemaError`), so a producer
+    never sends an observation the agent would reject, and the batch's own fields once. A batch over a
+    limit is halved until its parts fit (`_halved`); a part's size is added up from its observations'
+    encoded sizes, so nothing is encoded or validated again at each halving.
     """
-    bodies = []
+    bodies = _observation_bodies(job_id, events)
+    stamp = time.time() if produced_at is None else produced_at
+    empty = encode(TaskBatch(job_id=job_id, observations=[], produced_at=stamp, source=source))
+    cut = empty.index(_OBSERVATIONS_KEY) + len(_OBSERVATIONS_KEY)
+    head, tail = empty[:cut], empty[cut:]
+    ends = list(accumulate((len(body) for body in bodies), initial=0))
+
+    def fits(start: int, stop: int) -> bool:
+        size = len(empty) + ends[stop] - ends[start] + (stop - start - 1)  # a comma between two
+        return stop - start <= _MAX_OBSERVATIONS and size <= MAX_PAYLOAD_BYTES
+
+    return [
+        within_limit("task_batch", head + b",".join(bodies[start:stop]) + tail)
+        for start, stop in _halved(0, len(bodies), fits)
+    ]
+
+
+def _observation_bodies(job_id: str, events: Sequence[TaskCheckpoint]) -> list[bytes]:
+    """Each event as a task_batch observation, encoded and validated once as a task_checkpoint: all at
+    once by msgspec (`_plain_bodies`) if it can vouch for every one, else one by one by `encode`, whose
+    errors name the field."""
+    plain = _plain_bodies(job_id, events)
+    if plain is not None:
+        return plain
+    bodies: list[bytes] = []
+    tails = _Tails()
     for event in events:
         if event.job_id != job_id:
             raise ValueError(f"task_batches: event of job {event.job_id!r} in a batch of {job_id!r}")
-        obj = event.to_dict()
-        encode(event)  # the single event's contract, with its own error messages
-        bodies.append({k: v for k, v in obj.items() if k not in _ENVELOPE})
-    stamp = time.time() if produced_at is None else produced_at
+        record = encode(event)  # the single event's contract, with its own error messages
+        body = _body_of(record, _CHECKPOINT_PREFIX + orjson.dumps(event.job_id) + b",", tails[event.source])
+        if body is None:  # written otherwise than assumed (an unusual schema_version): encode the body
+            obj = {k: v for k, v in event.to_dict().items() if k not in _ENVELOPE}
+            body = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+        bodies.append(body)
+    return bodies
 
-    def payload(start: int, stop: int) -> bytes:
-        part = bodies[start:stop]
-        return encode(TaskBatch(job_id=job_id, observations=part, produced_at=stamp, source=source))
 
-    return [written_run for _, _, written_run in _fitting(0, len(bodies), payload)]
+def _plain_bodies(job_id: str, events: Sequence[TaskCheckpoint]) -> list[bytes] | None:
+    """The encoded observations if every event is `_plain` and `Observation` accepts them all; else None.
+
+    On such values msgspec is as strict as the schema (the read path's `read_task_batch` relies on it
+    too), and orjson writes NaN and infinities as null, which it refuses where a number is required; a
+    null latency or start_time is compared with the event's.
+    """
+    if not (type(job_id) is str and 0 < len(job_id) <= _MAX_ID_CHARS):
+        return None
+    head = _CHECKPOINT_PREFIX + orjson.dumps(job_id) + b","
+    tails = _Tails()
+    bodies: list[bytes] = []
+    try:
+        for event in events:
+            if not _plain(event, job_id):
+                return None
+            record = orjson.dumps(event.to_dict())
+            body = _body_of(record, head, tails[event.source])
+            if body is None or len(record) > MAX_PAYLOAD_BYTES:
+                return None
+            bodies.append(body)
+        checked = _OBSERVATION_LIST.decode(b"[" + b",".join(bodies) + b"]")
+    except (orjson.JSONEncodeError, msgspec.MsgspecError):
+        return None
+    for observation, event in zip(checked, events, strict=True):
+        if (observation.latency is None) != (event.latency is None):
+            return None
+        if (observation.start_time is None) != (event.start_time is None):
+            return None
+    return bodies
+
+
+def _plain(event: TaskCheckpoint, job_id: str) -> bool:
+    """Whether ``event`` is of ``job_id`` and holds only the plain types its schema names (no
+    subclasses, enums or NumPy scalars, which orjson may write as a valid value of another type), and
+    has a latency exactly if it finished."""
+    return (
+        type(event.job_id) is str
+        and event.job_id == job_id
+        and event.type == TaskCheckpoint.EVENT_TYPE
+        and type(event.schema_version) is int
+        and event.schema_version == 1
+        and type(event.task_id) is str
+        and type(event.attempt) is int
+        and type(event.checkpoint_time) is float
+        and type(event.status) is str
+        and type(event.machine_id) is str
+        and (event.latency is None or type(event.latency) is float)
+        and (event.start_time is None or type(event.start_time) is float)
+        and (event.source is None or (type(event.source) is str and len(event.source) <= _MAX_ID_CHARS))
+        and (event.status == "finished") == (event.latency is not None)
+        and type(event.features) is dict
+        and all(type(value) is float for value in event.features.values())
+    )
+
+
+class _Tails(dict[str | None, bytes]):
+    """How `encode` ends a task_checkpoint record of each source (the source is its last field)."""
+
+    def __missing__(self, source: str | None) -> bytes:
+        tail = self[source] = b"}" if source is None else b',"source":' + orjson.dumps(source) + b"}"
+        return tail
+
+
+def _body_of(record: bytes, head: bytes, tail: bytes) -> bytes | None:
+    """The observation in a task_checkpoint ``record`` that starts with ``head`` (up to its job id) and
+    ends with ``tail`` (its source): the fields between, as an object; None if it does not."""
+    if record.startswith(head) and record.endswith(tail):
+        return b"{" + record[len(head) : len(record) - len(tail)] + b"}"
+    return None
 
 
 def prediction_batches(predictions: Sequence[Prediction], marker: CheckpointEvaluated) -> list[bytes]:
@@ -367,6 +484,17 @@ def _fitting(start: int, stop: int, payload: Callable[[int, int], bytes]) -> Ite
         yield from _fitting(middle, stop, payload)
         return
     yield start, stop, written_run
+
+
+def _halved(start: int, stop: int, fits: Callable[[int, int], bool]) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` halved as `_fitting` halves it, ``fits`` telling whether a run's record is
+    within the limits; a single item is a run even if it does not fit (its record then says why)."""
+    if stop - start <= 1 or fits(start, stop):
+        yield start, stop
+        return
+    middle = start + (stop - start) // 2
+    yield from _halved(start, middle, fits)
+    yield from _halved(middle, stop, fits)
 
 
 __all__ = [

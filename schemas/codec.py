@@ -138,6 +138,12 @@ def written(event_type: str, obj: Mapping[str, Any]) -> bytes:
         payload = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
     except orjson.JSONEncodeError as exc:
         raise SchemaError(event_type, "json", f"cannot be written as JSON: {exc}") from None
+    return within_limit(event_type, payload)
+
+
+def within_limit(event_type: str, payload: bytes) -> bytes:
+    """``payload``, an encoded ``event_type``, if it is within `MAX_PAYLOAD_BYTES`; else `SchemaError`
+    ``maxSize``."""
     if len(payload) > MAX_PAYLOAD_BYTES:
         reason = f"encodes to {len(payload)} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit"
         raise SchemaError(event_type, "maxSize", reason)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -18,6 +20,7 @@ from schemas import (
     TaskBatch,
     TaskCheckpoint,
     decode,
+    encode,
     expand_predictions,
     observations,
     prediction_batches,
@@ -87,6 +90,99 @@ def test_a_producer_cannot_batch_an_invalid_observation_or_another_job() -> None
         task_batches("job-1", [TaskCheckpoint(**{**_running(1).to_dict(), "status": "finished"})])
     with pytest.raises(ValueError, match="job"):
         task_batches("job-1", [_running(1, job="job-2")])
+
+
+def _halved_whole_batches(
+    job_id: str, events: list[TaskCheckpoint], source: str | None, produced_at: float
+) -> list[bytes]:
+    """The records as the contract defines them: each event validated (`encode`), then the whole batch
+    encoded (and validated), halved while it breaks the size or item limit."""
+    for event in events:
+        if event.job_id != job_id:
+            raise ValueError(f"task_batches: event of job {event.job_id!r} in a batch of {job_id!r}")
+        encode(event)
+    bodies = [_body(event.to_dict()) for event in events]
+
+    def cut(start: int, stop: int) -> list[bytes]:
+        part = bodies[start:stop]
+        batch = TaskBatch(job_id=job_id, observations=part, produced_at=produced_at, source=source)
+        try:
+            return [encode(batch)]
+        except SchemaError as error:
+            if error.rule not in ("maxSize", "maxItems") or stop - start <= 1:
+                raise
+            middle = start + (stop - start) // 2
+            return cut(start, middle) + cut(middle, stop)
+
+    return cut(0, len(bodies))
+
+
+def _observation_of_size(i: int, size: int) -> TaskCheckpoint:
+    """A running observation whose body in a task_batch record is exactly ``size`` bytes (>= ~150)."""
+
+    def sized(features: dict[str, float], task_id: str = "t") -> TaskCheckpoint:
+        return dataclasses.replace(_running(i), task_id=task_id, features=features)
+
+    def length(event: TaskCheckpoint) -> int:
+        return len(orjson.dumps(_body(event.to_dict())))
+
+    features: dict[str, float] = {}
+    while length(sized(features)) + 1200 < size:
+        features[f"{len(features):04d}" + "x" * 996] = 1.0
+    rest = size - length(sized(features)) - 150
+    if rest > 0:
+        features["k" * rest] = 2.5
+    event = sized(features, "t" * (1 + size - length(sized(features))))
+    assert length(event) == size
+    return event
+
+
+@pytest.mark.parametrize(
+    ("overs", "counts"),
+    [
+        pytest.param((0,), [3], id="whole-batch-at-the-limit"),
+        pytest.param((1,), [1, 2], id="one-byte-over"),
+        pytest.param((1, 0), [1, 2, 3], id="first-half-over-second-at-the-limit"),
+        pytest.param((0, 1, 0, 0), [3, 1, 2, 3, 3], id="second-quarter-over"),
+    ],
+)
+def test_a_batch_splits_near_the_limit_where_halving_the_whole_batch_does(
+    overs: tuple[int, ...], counts: list[int]
+) -> None:
+    """Each entry of ``overs`` is 3 observations whose record alone is the limit plus that many bytes."""
+    empty = len(encode(TaskBatch(job_id="job-1", observations=[], produced_at=1.7e9, source="replayer")))
+    events: list[TaskCheckpoint] = []
+    for over in overs:
+        room = MAX_PAYLOAD_BYTES + over - empty - 2  # two commas between three observations
+        for size in (room // 3, room // 3, room - 2 * (room // 3)):
+            events.append(_observation_of_size(len(events), size))
+    records = task_batches("job-1", events, source="replayer", produced_at=1.7e9)
+    assert records == _halved_whole_batches("job-1", events, "replayer", 1.7e9)
+    assert [len(_batch(record).observations) for record in records] == counts
+    whole = [len(record) for record, count in zip(records, counts, strict=True) if count == 3]
+    assert whole == [MAX_PAYLOAD_BYTES] * overs.count(0)
+    assert [obs for record in records for obs in observations(_batch(record))] == events
+
+
+def test_an_observation_alone_over_the_limit_is_refused_as_halving_would() -> None:
+    empty = len(encode(TaskBatch(job_id="job-1", observations=[], produced_at=1.7e9, source="replayer")))
+    events = [_running(0), _observation_of_size(1, MAX_PAYLOAD_BYTES + 1 - empty), _running(2)]
+    with pytest.raises(SchemaError) as reference:
+        _halved_whole_batches("job-1", events, "replayer", 1.7e9)
+    with pytest.raises(SchemaError) as refused:
+        task_batches("job-1", events, source="replayer", produced_at=1.7e9)
+    assert str(refused.value) == str(reference.value)
+    assert (refused.value.field, refused.value.rule) == ("task_batch", "maxSize")
+
+
+def test_batches_are_the_bytes_of_halving_whole_batches() -> None:
+    events = [_running(i) for i in range(5000)] + [
+        dataclasses.replace(_running(7), status="finished", latency=12.5, source=None),
+        dataclasses.replace(_running(8), status="killed", start_time=None),
+    ]
+    for source in ("replayer", None, 'odd "source"'):
+        records = task_batches("job-1", events, source=source, produced_at=0.5)
+        assert records == _halved_whole_batches("job-1", events, source, 0.5)
 
 
 def test_verdicts_and_marker_survive_the_parts() -> None:
@@ -183,6 +279,72 @@ def test_the_fast_path_accepts_nothing_the_schema_rejects(body: dict[str, Any]) 
     assert _fast_observations(payload) is None
     (slow,) = observations(batch, payload)  # falls back to the schema, which names the error
     assert isinstance(slow, SchemaError)
+
+
+def _events_to_batch() -> list[Any]:
+    """Task checkpoints a producer might batch: every constructible rule case of tests/test_schemas.py,
+    numbers JSON cannot carry, and types the schema accepts or refuses that orjson writes anyway."""
+    from test_schemas import _rule_cases
+
+    class Status(enum.Enum):
+        RUNNING = "running"
+
+    class Level(enum.Enum):
+        ONE = 1.0
+
+    class Text(str):
+        pass
+
+    names = {f.name for f in dataclasses.fields(TaskCheckpoint)}
+    cases = []
+    for case in _rule_cases():
+        obj = case.values[0]
+        if isinstance(obj, dict) and obj.get("type") == "task_checkpoint" and set(obj) <= names:
+            try:
+                cases.append(pytest.param(TaskCheckpoint(**obj), id=case.id))
+            except TypeError:  # a required field missing
+                continue
+    good = _running(1)
+    finished = dataclasses.replace(good, status="finished", latency=12.5)
+    odd: dict[str, TaskCheckpoint] = {
+        "valid": good,
+        "no-source": dataclasses.replace(good, source=None),
+        "finished": finished,
+        "nan-feature": dataclasses.replace(good, features={"a": math.nan}),
+        "inf-feature": dataclasses.replace(good, features={"a": -math.inf}),
+        "nan-time": dataclasses.replace(good, checkpoint_time=math.nan),
+        "inf-start": dataclasses.replace(good, start_time=math.inf),
+        "nan-latency": dataclasses.replace(finished, latency=math.nan),
+        "nan-latency-running": dataclasses.replace(good, latency=math.nan),
+        "int-time": dataclasses.replace(good, checkpoint_time=600),
+        "int-feature": dataclasses.replace(good, features={"a": 3}),
+        "bool-feature": dataclasses.replace(good, features={"a": True}),
+        "numpy-feature": dataclasses.replace(good, features={"a": np.float64(2.5)}),
+        "bool-attempt": dataclasses.replace(good, attempt=True),
+        "float-version": dataclasses.replace(good, schema_version=1.0),  # type: ignore[arg-type]
+        "enum-status": dataclasses.replace(good, status=Status.RUNNING),  # type: ignore[arg-type]
+        "str-subclass": dataclasses.replace(good, task_id=Text("t"), machine_id=Text("m")),
+        "enum-feature": dataclasses.replace(good, features={"a": Status.RUNNING}),  # type: ignore[dict-item]
+        "number-enum-feature": dataclasses.replace(good, features={"a": Level.ONE}),  # type: ignore[dict-item]
+        "number-enum-attempt": dataclasses.replace(good, attempt=Level.ONE),  # type: ignore[arg-type]
+        "surrogate": dataclasses.replace(good, task_id="t\ud800"),
+        "long-source": dataclasses.replace(good, source="s" * 257),
+        "int-key": dataclasses.replace(good, features={1: 1.0}),  # type: ignore[dict-item]
+    }
+    return cases + [pytest.param(event, id=name) for name, event in odd.items()]
+
+
+@pytest.mark.parametrize("event", _events_to_batch())
+def test_a_producer_batches_exactly_what_encode_accepts(event: TaskCheckpoint) -> None:
+    events = [_running(0, job=event.job_id), event, _running(2, job=event.job_id)]
+    try:
+        expected: Any = _halved_whole_batches(event.job_id, events, "replayer", 1.7e9)
+    except (SchemaError, ValueError) as error:
+        with pytest.raises(type(error)) as refused:
+            task_batches(event.job_id, events, source="replayer", produced_at=1.7e9)
+        assert str(refused.value) == str(error)
+    else:
+        assert task_batches(event.job_id, events, source="replayer", produced_at=1.7e9) == expected
 
 
 def test_the_fast_path_reads_valid_batches_as_the_schema_does() -> None:
