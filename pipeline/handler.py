@@ -251,13 +251,14 @@ class JobEventHandler:
 
     def overdue(self) -> list[tuple[str, InputRecord]]:
         """For the worker's timer, while no record is in hand: each job whose changes held a record
-        longer than ``hold_seconds``, with one of its records (its partition routes the write)."""
+        longer than ``hold_seconds`` (any, once the input paused for ``idle_seconds``), with one of its
+        records (its partition routes the write)."""
         if self._current is not None:
             return []
         jobs: dict[str, InputRecord] = {}
         for held in self._held.values():
             if self._overdue(held):
-                jobs.update((job_id, record) for job_id, record in self._overdue_jobs(held).items())
+                jobs.update(self._overdue_jobs(held))
         return list(jobs.items())
 
     def write_held(self, job_id: str) -> bool:
@@ -268,10 +269,6 @@ class JobEventHandler:
         self.store.write_changes(job_id)
         self._collect()
         return True
-
-    def flush(self) -> Iterator[Action]:
-        """Wait for everything written so far (the job rows among it are then durable)."""
-        yield from self._flush()
 
     def _overdue(self, held: deque[_Held]) -> bool:
         """Whether the partition's oldest record waits for a job's task row longer than allowed."""
@@ -437,7 +434,7 @@ class JobEventHandler:
                 valid.append(observation)
         return valid
 
-    def _flush(self) -> Iterator[Action]:
+    def flush(self) -> Iterator[Action]:
         """Wait for everything written so far; the job rows among it are then durable."""
         rows = self.store.unacknowledged()
         yield ACKNOWLEDGE
@@ -446,7 +443,7 @@ class JobEventHandler:
     def _settled(self, job_id: str) -> Iterator[Action]:
         """Before any write of a job: its last job row must be on the broker (`pipeline.jobstore`)."""
         if self.store.awaiting_acknowledgement(job_id):
-            yield from self._flush()
+            yield from self.flush()
 
     def _apply(self, work: TaskInput, entry: _Held | None) -> Iterator[Action]:
         if entry is not None:
@@ -531,7 +528,7 @@ class JobEventHandler:
         )
         for part in prediction_parts(decisions, self.method, marker):
             yield SendPredictionPart(key, part)
-        yield from self._flush()  # the model and predictions are on the broker
+        yield from self.flush()  # the model and predictions are on the broker
         if self.metrics is not None:
             self.metrics.evaluated(decisions, refit, boundary_produced_at, self.wall_clock())
         store.record_evaluation(at, job, meta)  # acknowledged by the next flush, before the job's next write

@@ -473,22 +473,26 @@ def _written(event: Event) -> bytes:
 
 def _fitting(start: int, stop: int, payload: Callable[[int, int], bytes]) -> Iterator[tuple[int, int, bytes]]:
     """``[start, stop)`` cut into consecutive runs whose record passes its size and item limits, by
-    halving; ``payload`` writes the record of a run."""
-    try:
-        written_run = payload(start, stop)
-    except SchemaError as error:
-        if error.rule not in ("maxSize", "maxItems") or stop - start <= 1:
-            raise
-        middle = start + (stop - start) // 2
-        yield from _fitting(start, middle, payload)
-        yield from _fitting(middle, stop, payload)
-        return
-    yield start, stop, written_run
+    halving (`_halved`); ``payload`` writes the record of a run, each run's record is written once."""
+    written: dict[tuple[int, int], bytes] = {}
+
+    def fits(first: int, end: int) -> bool:
+        try:
+            written[first, end] = payload(first, end)
+        except SchemaError as error:
+            if error.rule not in ("maxSize", "maxItems"):
+                raise
+            return False
+        return True
+
+    for first, end in _halved(start, stop, fits):
+        # a single item is a run without being tried: writing it here raises why it does not fit
+        yield first, end, written[first, end] if (first, end) in written else payload(first, end)
 
 
 def _halved(start: int, stop: int, fits: Callable[[int, int], bool]) -> Iterator[tuple[int, int]]:
-    """``[start, stop)`` halved as `_fitting` halves it, ``fits`` telling whether a run's record is
-    within the limits; a single item is a run even if it does not fit (its record then says why)."""
+    """``[start, stop)`` halved until each run ``fits`` (its record is within the size and item limits);
+    a single item is a run even if it does not fit (its record then says why)."""
     if stop - start <= 1 or fits(start, stop):
         yield start, stop
         return
