@@ -33,6 +33,7 @@ if str(REPO) not in sys.path:  # the scripts run as files, not as modules of the
     sys.path.insert(0, str(REPO))
 
 from straggler.core.jobtrace import JobTrace  # noqa: E402
+from straggler.kafka.offsets import end_offset  # noqa: E402
 from straggler.traces.synthetic import generate_jobs  # noqa: E402
 
 HOUR = 3600.0
@@ -127,7 +128,7 @@ def topic_end_offsets(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, 
         for topic in topics:
             partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
             for p in partitions:
-                ends[(topic, p)] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                ends[(topic, p)] = end_offset(consumer, TopicPartition(topic, p), 30.0)
         return ends
     finally:
         consumer.close()

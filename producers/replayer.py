@@ -21,10 +21,8 @@ from functools import partial
 
 import numpy as np
 from confluent_kafka import (
-    OFFSET_END,
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -47,6 +45,7 @@ from straggler.core.jobtrace import FloatArray, JobTrace
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
+from straggler.kafka.offsets import end_offsets
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.simulation import CheckpointStep, JobOutcome, JobSimulation, finish_order
 
@@ -77,13 +76,6 @@ OFFSETS_RETRY_BACKOFF_MS = 10
 transaction has sent but not yet committed are refused (unstable) and asked again after it."""
 
 PRODUCER_SOURCE = "replayer"
-
-_NO_LEADER_YET = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._TIMED_OUT,
-)
 
 SendEvent = Callable[[str, str, Event], None]
 """``send(topic, job_id, event)``: encode and produce one event keyed by its job."""
@@ -206,7 +198,7 @@ class _PipelineWatch:
     @staticmethod
     def _assign_at_end(consumer: Consumer, topic: str) -> list[int]:
         partitions = _require_topics(consumer, (topic,))[topic]
-        ends = _end_offsets(consumer, topic, partitions)
+        ends = end_offsets(consumer, topic, partitions, FLUSH_TIMEOUT_SECONDS)
         consumer.assign([TopicPartition(topic, p, ends[p]) for p in partitions])
         return partitions
 
@@ -293,7 +285,7 @@ class _PipelineWatch:
     def read_commands(self, t: float, timeout: float) -> list[RelaunchCommand]:
         """Every committed command up to the end of the commands topic as it stands now."""
         # Ask a consumer that does not fetch: the fetching one's request would queue behind its long poll.
-        ends = _end_offsets(self.offsets, self.topics.commands, self.command_partitions)
+        ends = end_offsets(self.offsets, self.topics.commands, self.command_partitions, FLUSH_TIMEOUT_SECONDS)
         found: list[RelaunchCommand] = []
         deadline = time.monotonic() + timeout
         while any(self.command_eof.get(p, -1) < end for p, end in ends.items()):
@@ -586,36 +578,6 @@ def _require_topics(client: Producer | Consumer, names: Sequence[str]) -> dict[s
             )
         found[name] = sorted(described.partitions)
     return found
-
-
-def _end_offset(consumer: Consumer, topic: str, partition: int) -> int:
-    """The partition's high watermark, retrying while a fresh topic's leader is being elected."""
-    deadline = time.monotonic() + FLUSH_TIMEOUT_SECONDS
-    while True:
-        try:
-            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)[
-                1
-            ]
-        except KafkaException as exc:
-            error = exc.args[0]
-            retriable = isinstance(error, KafkaError) and (
-                error.retriable() or error.code() in _NO_LEADER_YET
-            )
-            if not retriable or time.monotonic() > deadline:
-                raise
-            time.sleep(POLL_SECONDS)
-
-
-def _end_offsets(consumer: Consumer, topic: str, partitions: Sequence[int]) -> dict[int, int]:
-    """Each partition's end offset, in one request (the latest offset of each, as the consumer's
-    isolation level sees it); a partition without an answer is asked alone, with `_end_offset`."""
-    asked = [TopicPartition(topic, p, OFFSET_END) for p in partitions]
-    try:
-        answered = consumer.offsets_for_times(asked, timeout=FLUSH_TIMEOUT_SECONDS)
-    except KafkaException:
-        answered = []
-    ends = {tp.partition: tp.offset for tp in answered if tp.error is None and tp.offset >= 0}
-    return {p: ends[p] if p in ends else _end_offset(consumer, topic, p) for p in partitions}
 
 
 def _smallest_spacing(traces: Sequence[JobTrace]) -> float | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from producers.replayer import ReplayResult, TraceReplayer
 from schemas import (
@@ -43,6 +43,7 @@ from straggler.core.threshold import oracle_threshold
 from straggler.kafka.config import consumer_config
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
+from straggler.kafka.offsets import end_offset
 from straggler.simulation import checkpoint_interval, limit_outcome
 
 
@@ -112,7 +113,7 @@ def read_topic(
     try:
         metadata = consumer.list_topics(topic, timeout=timeout)
         partitions = list(metadata.topics[topic].partitions)
-        ends = {p: _end_offset(consumer, TopicPartition(topic, p), timeout) for p in partitions}
+        ends = {p: end_offset(consumer, TopicPartition(topic, p), timeout) for p in partitions}
         todo = {p for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         values: list[bytes] = []
@@ -126,23 +127,6 @@ def read_topic(
         return values
     finally:
         consumer.close()
-
-
-_NOT_READY = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
-
-
-def _end_offset(consumer: Consumer, partition: TopicPartition, timeout: float) -> int:
-    """The partition's high watermark. A topic created moments ago may not have its leader known to
-    every broker yet: those refusals are retried until ``timeout``, anything else is raised."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return int(consumer.get_watermark_offsets(partition, timeout=timeout)[1])
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.code() not in _NOT_READY or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
 
 
 def read_outputs(bootstrap: str, topics: TopicNames) -> Outputs:

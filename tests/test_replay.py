@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from jobs_for_tests import make_job
 
 from schemas import RelaunchCommand, command_id, decode
 from straggler.core.policy_spec import make_policy
 from straggler.evaluation import EvaluationConfig, online_job
-from straggler.replay import _end_offset, run_replay
+from straggler.replay import run_replay
 from straggler.simulation import run_closed_loop
 
 pytestmark = pytest.mark.broker
@@ -69,25 +68,3 @@ def test_closed_loop_speculation_through_kafka_equals_the_offline_simulation(
     report = (tmp_path / "report.md").read_text()
     assert f"**Completion time {summary['jct_reduction']:+.1%}**" in report
     assert f"{summary['extra_machine_time']:+.1%} machine time" in report
-
-
-class _RefusingConsumer:
-    """Refuses watermark lookups with ``codes`` in turn, then answers."""
-
-    def __init__(self, *codes: int) -> None:
-        self.codes = list(codes)
-
-    def get_watermark_offsets(self, partition: object, timeout: float) -> tuple[int, int]:
-        if self.codes:
-            raise KafkaException(KafkaError(self.codes.pop(0)))
-        return 0, 5
-
-
-def test_a_watermark_refused_while_a_new_topic_elects_its_leader_is_asked_again() -> None:
-    partition = TopicPartition("t", 0)
-    refusing = _RefusingConsumer(KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
-    assert _end_offset(refusing, partition, timeout=5.0) == 5  # type: ignore[arg-type]
-    with pytest.raises(KafkaException):
-        _end_offset(_RefusingConsumer(KafkaError.TOPIC_AUTHORIZATION_FAILED), partition, timeout=5.0)  # type: ignore[arg-type]
-    with pytest.raises(KafkaException):  # bounded: a leader that never comes is an error
-        _end_offset(_RefusingConsumer(*[KafkaError.NOT_LEADER_FOR_PARTITION] * 100), partition, timeout=0.3)  # type: ignore[arg-type]

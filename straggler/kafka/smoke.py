@@ -14,16 +14,12 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from straggler.kafka.config import DeliveryCounter, consumer_config, producer_config
+from straggler.kafka.offsets import PAUSE_SECONDS, end_offset, not_ready
 from straggler.kafka.topics import TASK_CHECKPOINTS, create_topics
 
 DEFAULT_MESSAGES = 200
 DEFAULT_KEYS = 8
 CONSUME_DEADLINE_S = 60.0
-_LEADERLESS = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-)
 
 
 @dataclass
@@ -116,23 +112,19 @@ def smoke_check(
 def _end_offsets(consumer: Consumer, topic: str) -> dict[int, int]:
     """Each partition's end offset, retrying while a just-created topic elects its leaders (bounded)."""
     deadline = time.monotonic() + 30.0
-    offsets: dict[int, int] = {}
     while True:
         try:
             partitions = consumer.list_topics(topic, timeout=10.0).topics[topic].partitions
-            for partition in partitions:
-                if partition not in offsets:
-                    tp = TopicPartition(topic, partition)
-                    offsets[partition] = consumer.get_watermark_offsets(tp, timeout=10.0)[1]
-            if partitions:
-                return offsets
         except KafkaException as exc:
-            error = exc.args[0]
-            if not (isinstance(error, KafkaError) and (error.retriable() or error.code() in _LEADERLESS)):
+            if not not_ready(exc):
                 raise
+            partitions = {}
+        if partitions:
+            left = max(deadline - time.monotonic(), 1.0)
+            return {p: end_offset(consumer, TopicPartition(topic, p), left) for p in partitions}
         if time.monotonic() >= deadline:
             raise TimeoutError(f"partitions of {topic!r} got no leader within 30 s")
-        time.sleep(0.2)
+        time.sleep(PAUSE_SECONDS)
 
 
 def _consume_run(consumer: Consumer, run_id: str, expected: int, problems: list[str]) -> int:
