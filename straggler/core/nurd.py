@@ -28,6 +28,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
 from straggler.core.arrays import BoolArray, FloatArray
+from straggler.core.fast_paths import fit_logistic, fit_regressor, positive_probability, regressor_predict
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
 from straggler.core.state import (
@@ -185,7 +186,7 @@ class Nurd(StragglerMethod):
         oof = np.empty(n)
         folds = KFold(self.skill_folds, shuffle=True, random_state=self.random_state)
         for train, test in folds.split(X):
-            oof[test] = _regressor_predict(self._regressor().fit(X[train], y[train]), X[test])
+            oof[test] = regressor_predict(fit_regressor(self._regressor(), X[train], y[train]), X[test])
         r2 = 1.0 - float(np.mean((y - oof) ** 2)) / float(np.var(y))
         return float(np.clip(r2, 0.0, 1.0))
 
@@ -213,7 +214,7 @@ class Nurd(StragglerMethod):
             if not mine.any():
                 continue
             X = fit.scaler_.transform(data.X_finished[mine])
-            guess = _regressor_predict(fit.regressor_, X) if fit.regressor_ is not None else fit.mean_target_
+            guess = regressor_predict(fit.regressor_, X) if fit.regressor_ is not None else fit.mean_target_
             error += float(np.sum((y[mine] - guess) ** 2))
             baseline += float(np.sum((y[mine] - fit.mean_target_) ** 2))
         if baseline <= 1e-12:
@@ -232,7 +233,7 @@ class Nurd(StragglerMethod):
         self.mean_target_ = float(np.mean(y)) if len(y) else 0.0
         self.regressor_: xgb.XGBRegressor | None = None
         if len(y) >= 2 and float(np.var(y)) > 1e-12:
-            self.regressor_ = self._regressor().fit(X_fin, y)
+            self.regressor_ = fit_regressor(self._regressor(), X_fin, y)
         self.skill_ = 1.0
         if self.gate in ("skill", "backtest"):
             skill = self._prequential_skill(data, past) if past else None
@@ -243,11 +244,7 @@ class Nurd(StragglerMethod):
             X_run = self.scaler_.transform(data.X_running)
             X = np.vstack([X_fin, X_run])
             labels = np.concatenate([np.ones(len(X_fin)), np.zeros(len(X_run))])
-            self.propensity_ = LogisticRegression(
-                C=1.0,
-                max_iter=300,
-                class_weight="balanced" if self.balanced_propensity else None,
-            ).fit(X, labels)
+            self.propensity_ = fit_logistic(X, labels, C=1.0, max_iter=300, balanced=self.balanced_propensity)
         self.strength_ = self.skill_ if self.gate == "skill" else 1.0
         if self.gate == "backtest" and self.weighting == "density":
             self.strength_ = self._backtest_strength(data, past, observed)
@@ -419,8 +416,8 @@ class Nurd(StragglerMethod):
         if n_pos < self.min_stragglers or len(y) - n_pos < self.min_stragglers:
             return None
         X = table[:, :2]
-        prior_only = LogisticRegression(C=1e4, max_iter=500).fit(X[:, :1], y)
-        both = LogisticRegression(C=1e4, max_iter=500).fit(X, y)
+        prior_only = fit_logistic(X[:, :1], y, C=1e4, max_iter=500, balanced=False)
+        both = fit_logistic(X, y, C=1e4, max_iter=500, balanced=False)
         gain = _log_likelihood(both, X, y) - _log_likelihood(prior_only, X[:, :1], y)
         p_value = float(chi2.sf(2.0 * max(gain, 0.0), df=1))
         self.calibration_["p_value"] = p_value
@@ -432,7 +429,7 @@ class Nurd(StragglerMethod):
         """The regressor's prediction of the target (log latency if ``log_target``), unshrunk."""
         if self.regressor_ is None:
             return np.full(len(X), self.mean_target_)
-        return _regressor_predict(self.regressor_, X).astype(np.float64)
+        return regressor_predict(self.regressor_, X).astype(np.float64)
 
     def _raw_latency(self, X: FloatArray, guess: FloatArray | None = None) -> FloatArray:
         """Predicted latency, shrunk by the skill under the skill and backtest gates; ``guess``: the
@@ -456,7 +453,7 @@ class Nurd(StragglerMethod):
         """z / (1 - z) of a class-balanced propensity: ~ p(x | finished) / p(x | running)."""
         if self.propensity_ is None:
             return np.ones(len(X))
-        return _odds(_positive_probability(self.propensity_, X))
+        return _odds(positive_probability(self.propensity_, X))
 
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
@@ -465,7 +462,7 @@ class Nurd(StragglerMethod):
         X = self.scaler_.transform(data.X_running)
         guess = self._guess(X)
         latency = self._raw_latency(X, guess)
-        z = _positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
+        z = positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
         weight = self._weight(z)
         if self.gate != "calibrated" or data.n_finished == 0:
             return Scores.from_latency(latency, latency / weight, data.threshold, z, weight)
@@ -594,31 +591,13 @@ def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
     return np.asarray(np.concatenate(rows), dtype=np.float64)
 
 
-def _regressor_predict(model: xgb.XGBRegressor, X: FloatArray) -> FloatArray:
-    """``model.predict(X)``: the booster's own in-place prediction, which the scikit-learn wrapper
-    calls for a NumPy array (all trees: NURD never stops early), without the wrapper's per-call
-    configuration."""
-    return np.asarray(model.get_booster().inplace_predict(X, missing=np.nan))
-
-
-def _positive_probability(model: LogisticRegression, X: FloatArray) -> FloatArray:
-    """``model.predict_proba(X)[:, 1]`` of a binary ``model``, bit for bit: the same product, sum
-    and `expit`, without scikit-learn's input checks for the finite float arrays NURD scores
-    (anything else goes through scikit-learn, which rejects it as before)."""
-    plain = X.dtype == np.float64 and X.ndim == 2 and len(X) > 0 and X.shape[1] == model.coef_.shape[1]
-    if not (plain and len(model.classes_) == 2 and np.isfinite(X).all()):
-        return np.asarray(model.predict_proba(X)[:, 1], dtype=np.float64)
-    scores = X @ model.coef_.T + model.intercept_
-    return np.asarray(expit(scores.reshape(-1)), dtype=np.float64)
-
-
 def _odds(z: FloatArray) -> FloatArray:
     """z / (1 - z): a class-balanced propensity read as the density ratio p(x | finished) / p(x | running)."""
     return z / np.maximum(1.0 - z, 1e-12)
 
 
 def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> float:
-    p = np.clip(_positive_probability(model, X), 1e-12, 1.0 - 1e-12)
+    p = np.clip(positive_probability(model, X), 1e-12, 1.0 - 1e-12)
     return float(np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
 
 

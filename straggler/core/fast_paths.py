@@ -1,0 +1,97 @@
+"""The XGBoost and scikit-learn calls NURD makes at every checkpoint, bit for bit as the libraries'
+own but without their per-call wrappers (parameter introspection, input validation, per-round
+callbacks): at 100 tasks a job's checkpoint is mostly that overhead. `tests/test_fast_paths.py`
+holds each to the library call it replaces, so a library upgrade that changes one shows there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import xgboost as xgb
+from scipy import optimize
+from scipy.special import expit
+from sklearn._loss.loss import HalfBinomialLoss
+from sklearn.linear_model import LogisticRegression
+from sklearn.linear_model._linear_loss import LinearModelLoss
+from sklearn.linear_model._logistic import _LOGISTIC_SOLVER_CONVERGENCE_MSG
+from sklearn.utils.optimize import _check_optimize_result
+from xgboost.core import _LIB, _check_call
+
+from straggler.core.arrays import FloatArray
+
+
+def fit_regressor(model: xgb.XGBRegressor, X: FloatArray, y: FloatArray) -> xgb.XGBRegressor:
+    """``model.fit(X, y)`` for a NumPy ``X`` (no weights, evaluation sets, callbacks, early stopping
+    or custom objective): the same parameters, `xgboost.QuantileDMatrix` and boosting rounds, one
+    native update per round without the wrapper's per-round feature checks and callbacks."""
+    with xgb.config_context(verbosity=model.verbosity):
+        train = xgb.QuantileDMatrix(
+            X, y, missing=model.missing, nthread=model.n_jobs, max_bin=model.max_bin, enable_categorical=False
+        )
+        booster = xgb.Booster(model.get_xgb_params(), [train])
+        for round_ in range(model.get_num_boosting_rounds()):
+            _check_call(_LIB.XGBoosterUpdateOneIter(booster.handle, ctypes.c_int(round_), train.handle))
+    model._Booster = booster.reset()
+    return model
+
+
+def regressor_predict(model: xgb.XGBRegressor, X: FloatArray) -> FloatArray:
+    """``model.predict(X)``: the booster's own in-place prediction, which the scikit-learn wrapper
+    calls for a NumPy array (all trees: NURD never stops early), without the wrapper's per-call
+    configuration."""
+    return np.asarray(model.get_booster().inplace_predict(X, missing=np.nan))
+
+
+def fit_logistic(
+    X: FloatArray, y: FloatArray, *, C: float, max_iter: int, balanced: bool
+) -> LogisticRegression:
+    """``LogisticRegression(C=C, max_iter=max_iter, class_weight="balanced" if balanced else None)
+    .fit(X, y)``, bit for bit: for a finite float64 ``X`` and labels ``y`` of both 0.0 and 1.0 and
+    nothing else, the same L-BFGS run on the same loss, sample weights and penalty as scikit-learn's
+    lbfgs path, with its convergence warning; anything else goes through scikit-learn."""
+    model = LogisticRegression(C=C, max_iter=max_iter, class_weight="balanced" if balanced else None)
+    positive = y == 1.0
+    plain = X.dtype == np.float64 and X.ndim == 2 and y.shape == (len(X),) and np.isfinite(X).all()
+    if not (plain and positive.any() and (y == 0.0).any() and bool(np.all(positive | (y == 0.0)))):
+        return model.fit(X, y)
+    n, d = X.shape
+    X = np.ascontiguousarray(X)
+    index = positive.astype(np.intp)
+    weights = None
+    weight_sum = float(n)
+    if balanced:  # n / (2 * count of the class), as compute_class_weight("balanced")
+        counts = np.bincount(index, weights=np.ones(n), minlength=2)
+        weights = np.ones(n) * (counts.sum() / (2 * counts))[index]
+        weight_sum = float(np.sum(weights))
+    loss = LinearModelLoss(base_loss=HalfBinomialLoss(), fit_intercept=True)
+    result = optimize.minimize(
+        loss.loss_gradient,
+        np.zeros(d + 1),
+        method="L-BFGS-B",
+        jac=True,
+        args=(X, positive.astype(np.float64), weights, 1.0 / (C * weight_sum), 1),
+        options={"maxiter": max_iter, "maxls": 50, "gtol": model.tol, "ftol": 64 * np.finfo(float).eps},
+    )
+    n_iter = _check_optimize_result(
+        "lbfgs", result, max_iter, extra_warning_msg=_LOGISTIC_SOLVER_CONVERGENCE_MSG
+    )
+    coef = np.asarray(result.x, dtype=np.float64)
+    model.classes_ = np.array([0.0, 1.0])
+    model.coef_ = coef[:-1][None, :]
+    model.intercept_ = coef[-1:]
+    model.n_iter_ = np.asarray([n_iter], dtype=np.int32)
+    model.n_features_in_ = d
+    return model
+
+
+def positive_probability(model: LogisticRegression, X: FloatArray) -> FloatArray:
+    """``model.predict_proba(X)[:, 1]`` of a binary ``model``, bit for bit: the same product, sum
+    and `expit`, without scikit-learn's input checks for the finite float arrays NURD scores
+    (anything else goes through scikit-learn, which rejects it as before)."""
+    plain = X.dtype == np.float64 and X.ndim == 2 and len(X) > 0 and X.shape[1] == model.coef_.shape[1]
+    if not (plain and len(model.classes_) == 2 and np.isfinite(X).all()):
+        return np.asarray(model.predict_proba(X)[:, 1], dtype=np.float64)
+    scores = X @ model.coef_.T + model.intercept_
+    return np.asarray(expit(scores.reshape(-1)), dtype=np.float64)
