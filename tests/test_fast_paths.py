@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import xgboost as xgb
@@ -60,3 +62,24 @@ def test_fit_logistic_leaves_other_inputs_to_scikit_learn() -> None:
         fit_logistic(X, np.zeros(6), C=1.0, max_iter=100, balanced=False)
     labels = np.array([2.0, 3.0] * 3)  # not 0 / 1: scikit-learn's own fit, classes as given
     assert np.array_equal(fit_logistic(X, labels, C=1.0, max_iter=100, balanced=False).classes_, [2.0, 3.0])
+
+
+def test_regressor_predict_is_xgboosts_predict() -> None:
+    X, y = _data(5, 60)
+    model = xgb.XGBRegressor(n_estimators=20, max_depth=3, tree_method="hist", n_jobs=1, random_state=0)
+    model = fit_regressor(model, X, y)
+    rows, _ = _data(6, 35)
+    shapes: list[Any] = [
+        rows,
+        rows[:1],
+        rows[::2],
+        np.asfortranarray(rows),
+        rows.astype(np.float32),
+        rows[:0],
+    ]
+    for Z in shapes:
+        fast = regressor_predict(model, Z)
+        assert fast.dtype == np.float32
+        assert np.array_equal(fast, model.predict(Z))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        regressor_predict(model, rows[:, :3])

@@ -87,6 +87,8 @@ class Nurd(StragglerMethod):
     """
 
     name = "nurd"
+    _scored: _RunningScores | None = None
+    """`_running_scores`' last result (not learned state: a fit or `set_state` forgets it)."""
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {
         "scaler_": STANDARDISER,
         "regressor_": optional(XGB_REGRESSOR),
@@ -223,6 +225,7 @@ class Nurd(StragglerMethod):
 
     def fit(self, data: CheckpointData) -> Self:
         self._check_params()
+        self._scored = None
         if not hasattr(self, "delta_"):
             self.calibrate(data)
         past = self._past_fits(data)
@@ -256,6 +259,7 @@ class Nurd(StragglerMethod):
             snapshot: Nurd = copy.copy(self)
             self.history_: list[Nurd] = [*past, snapshot][-self.reuse_past_fits :]
             snapshot.history_ = []  # a fit remembers its predecessors, they do not
+            snapshot._scored = None
         return self
 
     def _rewinds(self, data: CheckpointData, past: list[Nurd]) -> Iterator[tuple[float, Nurd | None]]:
@@ -386,9 +390,9 @@ class Nurd(StragglerMethod):
             if len(keep) > self.max_scored:
                 rng = np.random.default_rng([self.random_state, len(past)])
                 keep = np.sort(rng.choice(keep, self.max_scored, replace=False))
-            X = self.scaler_.transform(data.X_running)
-            percentile = self._percentile(self._guess(X), self._density_ratio(X))[keep]
-            prior_logit = logit(self._prior(data)[keep])
+            scored = self._running_scores(data)
+            percentile = scored.percentile(self)[keep]
+            prior_logit = logit(scored.prior()[keep])
             shadow = np.full(len(keep), np.nan)
             if candidate is not None:
                 a, b, c = candidate
@@ -455,24 +459,33 @@ class Nurd(StragglerMethod):
             return np.ones(len(X))
         return _odds(positive_probability(self.propensity_, X))
 
+    def _running_scores(self, data: CheckpointData) -> _RunningScores:
+        """The current fit's view of ``data``'s running tasks (at least one), computed once: a fit's
+        ranking (`_calibrate_ranking`) and the `predict` that follows it score the same checkpoint."""
+        scored = self._scored
+        if scored is None or scored.data is not data:
+            X = self.scaler_.transform(data.X_running)
+            z = positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
+            scored = self._scored = _RunningScores(data, X, self._guess(X), z, self.propensity_ is not None)
+        return scored
+
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
             empty = np.zeros(0)
             return Scores.from_latency(empty, empty, data.threshold, empty, empty)
-        X = self.scaler_.transform(data.X_running)
-        guess = self._guess(X)
-        latency = self._raw_latency(X, guess)
-        z = positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
+        scored = self._running_scores(data)
+        self._scored = None  # read once: a fit's ranking, then this predict
+        guess, z = scored.guess, scored.z
+        latency = self._raw_latency(scored.X, guess)
         weight = self._weight(z)
         if self.gate != "calibrated" or data.n_finished == 0:
             return Scores.from_latency(latency, latency / weight, data.threshold, z, weight)
-        prior = self._prior(data)
+        prior = scored.prior()
         calibrator = getattr(self, "calibrator_", None)
         if calibrator is None:
             return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, prior)
         a, b, c = calibrator
-        ratio = _odds(z) if self.propensity_ is not None else np.ones(len(X))
-        probability = expit(a + b * logit(prior) + c * self._percentile(guess, ratio))
+        probability = expit(a + b * logit(prior) + c * scored.percentile(self))
         flag = probability >= self.flag_probability
         return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, probability, flag)
 
@@ -486,6 +499,7 @@ class Nurd(StragglerMethod):
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        self._scored = None
         rest = {k: v for k, v in state.items() if k not in ("rankings_", "history_")}
         super().set_state(rest)
         if "rankings_" in state:
@@ -507,6 +521,33 @@ class Nurd(StragglerMethod):
             "calibration": getattr(self, "calibration_", None),
             "calibrator": getattr(self, "calibrator_", None),
         }
+
+
+@dataclass
+class _RunningScores:
+    """A fit's view of one checkpoint's running tasks: scaled features ``X``, the regressor's
+    ``guess`` (`Nurd._guess`) and the propensity ``z`` (ones without a propensity model); the survival
+    prior and the percentile on first use."""
+
+    data: CheckpointData
+    X: FloatArray
+    guess: FloatArray
+    z: FloatArray
+    weighted: bool
+    """Was there a propensity model (else the density ratio is 1)."""
+    _prior: FloatArray | None = None
+    _percentile: FloatArray | None = None
+
+    def prior(self) -> FloatArray:
+        if self._prior is None:
+            self._prior = Nurd._prior(self.data)
+        return self._prior
+
+    def percentile(self, model: Nurd) -> FloatArray:
+        if self._percentile is None:
+            ratio = _odds(self.z) if self.weighted else np.ones(len(self.X))
+            self._percentile = model._percentile(self.guess, ratio)
+        return self._percentile
 
 
 @dataclass(frozen=True)
