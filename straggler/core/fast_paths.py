@@ -14,7 +14,6 @@ from scipy import optimize
 from scipy.special import expit
 from sklearn._loss.loss import HalfBinomialLoss
 from sklearn.linear_model import LogisticRegression
-from sklearn.linear_model._linear_loss import LinearModelLoss
 from sklearn.linear_model._logistic import _LOGISTIC_SOLVER_CONVERGENCE_MSG
 from sklearn.utils.optimize import _check_optimize_result
 from xgboost._data_utils import array_interface
@@ -93,13 +92,12 @@ def fit_logistic(
         counts = np.bincount(index, weights=np.ones(n), minlength=2)
         weights = np.ones(n) * (counts.sum() / (2 * counts))[index]
         weight_sum = float(np.sum(weights))
-    loss = LinearModelLoss(base_loss=HalfBinomialLoss(), fit_intercept=True)
     result = optimize.minimize(
-        loss.loss_gradient,
+        _binomial_loss_gradient,
         np.zeros(d + 1),
         method="L-BFGS-B",
         jac=True,
-        args=(X, positive.astype(np.float64), weights, 1.0 / (C * weight_sum), 1),
+        args=(X, positive.astype(np.float64), weights, 1.0 / (C * weight_sum)),
         options={"maxiter": max_iter, "maxls": 50, "gtol": model.tol, "ftol": 64 * np.finfo(float).eps},
     )
     n_iter = _check_optimize_result(
@@ -112,6 +110,30 @@ def fit_logistic(
     model.n_iter_ = np.asarray([n_iter], dtype=np.int32)
     model.n_features_in_ = d
     return model
+
+
+_HALF_BINOMIAL = HalfBinomialLoss()
+
+
+def _binomial_loss_gradient(
+    coef: FloatArray, X: FloatArray, y: FloatArray, weights: FloatArray | None, l2: float
+) -> tuple[float, FloatArray]:
+    """scikit-learn's ``LinearModelLoss(HalfBinomialLoss(), fit_intercept=True).loss_gradient`` for a
+    NumPy ``X`` (the weighted mean loss plus ``l2 / 2 * |w|^2``, and its gradient), the same
+    operations in the same order without its array-API dispatch."""
+    d = X.shape[1]
+    w, intercept = coef[:-1], coef[-1]
+    loss, pointwise = _HALF_BINOMIAL.loss_gradient(
+        y_true=y, raw_prediction=X @ w + intercept, sample_weight=weights, n_threads=1
+    )
+    total = len(X) if weights is None else np.sum(weights)
+    value = float(np.sum(loss) / total)
+    value += float(0.5 * l2 * (w @ w))
+    pointwise /= total
+    grad = np.empty_like(coef, dtype=w.dtype)
+    grad[:d] = X.T @ pointwise + l2 * w
+    grad[-1] = np.sum(pointwise)
+    return value, grad
 
 
 def positive_probability(model: LogisticRegression, X: FloatArray) -> FloatArray:
