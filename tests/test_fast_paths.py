@@ -83,3 +83,11 @@ def test_regressor_predict_is_xgboosts_predict() -> None:
         assert np.array_equal(fast, model.predict(Z))
     with pytest.raises(ValueError, match="shape mismatch"):
         regressor_predict(model, rows[:, :3])
+
+
+def test_fit_regressor_leaves_other_models_to_xgboost() -> None:
+    X, y = _data(7, 50)
+    for params in ({"booster": "gblinear"}, {"tree_method": "exact"}, {"callbacks": []}):
+        library = xgb.XGBRegressor(n_estimators=5, n_jobs=1, **params).fit(X, y)
+        fast = fit_regressor(xgb.XGBRegressor(n_estimators=5, n_jobs=1, **params), X, y)
+        assert np.array_equal(fast.predict(X), library.predict(X))

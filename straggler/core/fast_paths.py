@@ -7,6 +7,7 @@ holds each to the library call it replaces, so a library upgrade that changes on
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import numpy as np
 import xgboost as xgb
@@ -23,18 +24,57 @@ from straggler.core.arrays import FloatArray
 
 
 def fit_regressor(model: xgb.XGBRegressor, X: FloatArray, y: FloatArray) -> xgb.XGBRegressor:
-    """``model.fit(X, y)`` for a NumPy ``X`` (no weights, evaluation sets, callbacks, early stopping
-    or custom objective): the same parameters, `xgboost.QuantileDMatrix` and boosting rounds, one
-    native update per round without the wrapper's per-round feature checks and callbacks."""
+    """``model.fit(X, y)``. For a ``model`` with the hist tree method and nothing the wrapper adds to
+    training (callbacks, early stopping, evaluation metrics, a custom objective, categorical or
+    weighted features): the same parameters, `xgboost.QuantileDMatrix` and boosting rounds, one
+    native update per round without the wrapper's per-round feature checks and callbacks; otherwise
+    the wrapper's own ``fit``."""
+    params = _plain_params(model)
+    if params is None:
+        return model.fit(X, y)
     with xgb.config_context(verbosity=model.verbosity):
         train = xgb.QuantileDMatrix(
             X, y, missing=model.missing, nthread=model.n_jobs, max_bin=model.max_bin, enable_categorical=False
         )
-        booster = xgb.Booster(model.get_xgb_params(), [train])
+        booster = xgb.Booster(params, [train])
         for round_ in range(model.get_num_boosting_rounds()):
             _check_call(_LIB.XGBoosterUpdateOneIter(booster.handle, ctypes.c_int(round_), train.handle))
     model._Booster = booster.reset()
     return model
+
+
+_PLAIN_PARAMS: dict[tuple[tuple[str, Any], ...], dict[str, Any] | None] = {}
+"""`_plain_params` by a model's constructor attributes (``get_xgb_params`` inspects signatures)."""
+
+
+def _plain_params(model: xgb.XGBRegressor) -> dict[str, Any] | None:
+    """``model.get_xgb_params()`` if `fit_regressor` may train ``model`` natively, else None."""
+    attributes = tuple(sorted((k, v) for k, v in vars(model).items() if not k.startswith("_")))
+    try:
+        params = _PLAIN_PARAMS.get(attributes)
+        cached = attributes in _PLAIN_PARAMS
+    except TypeError:  # an unhashable parameter (a list of callbacks, a dict of constraints)
+        return None
+    if not cached:
+        plain = (
+            model.tree_method in ("hist", None, "auto")
+            and model.device in (None, "cpu")
+            and model.booster in (None, "gbtree")
+            and model.callbacks is None
+            and model.early_stopping_rounds is None
+            and model.eval_metric is None
+            and not callable(model.objective)
+            and not model.enable_categorical
+            and model.feature_types is None
+            and model.feature_weights is None
+            and not getattr(model, "kwargs", None)
+            and type(model) is xgb.XGBRegressor
+        )
+        params = model.get_xgb_params() if plain else None
+        if len(_PLAIN_PARAMS) >= 64:
+            _PLAIN_PARAMS.clear()
+        _PLAIN_PARAMS[attributes] = params
+    return None if params is None else dict(params)
 
 
 _PREDICT_ARGS = make_jcargs(

@@ -21,9 +21,8 @@ from typing import Any, ClassVar, Literal, Self, get_args
 
 import numpy as np
 import xgboost as xgb
-from scipy.special import expit, logit
-from scipy.stats import beta as beta_distribution
-from scipy.stats import chi2, rankdata
+from scipy.special import betaincc, chdtrc, expit, logit
+from scipy.stats import rankdata
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
@@ -69,7 +68,7 @@ def mostly_right(right: int, wrong: int, confidence: float) -> bool:
     """
     if right == 0:
         return False
-    return float(beta_distribution.sf(0.5, right + 1, wrong + 1)) >= confidence
+    return float(betaincc(right + 1, wrong + 1, 0.5)) >= confidence  # the Beta posterior's sf at 1/2
 
 
 class Nurd(StragglerMethod):
@@ -423,7 +422,7 @@ class Nurd(StragglerMethod):
         prior_only = fit_logistic(X[:, :1], y, C=1e4, max_iter=500, balanced=False)
         both = fit_logistic(X, y, C=1e4, max_iter=500, balanced=False)
         gain = _log_likelihood(both, X, y) - _log_likelihood(prior_only, X[:, :1], y)
-        p_value = float(chi2.sf(2.0 * max(gain, 0.0), df=1))
+        p_value = float(chdtrc(1, 2.0 * max(gain, 0.0)))  # chi-squared sf, 1 degree of freedom
         self.calibration_["p_value"] = p_value
         if p_value < self.significance and both.coef_[0, 1] > 0:
             return float(both.intercept_[0]), float(both.coef_[0, 0]), float(both.coef_[0, 1])
