@@ -87,7 +87,8 @@ def test_regressor_predict_is_xgboosts_predict() -> None:
 
 def test_fit_regressor_leaves_other_models_to_xgboost() -> None:
     X, y = _data(7, 50)
-    for params in ({"booster": "gblinear"}, {"tree_method": "exact"}, {"callbacks": []}):
+    others: list[dict[str, Any]] = [{"booster": "gblinear"}, {"tree_method": "exact"}, {"callbacks": []}]
+    for params in others:
         library = xgb.XGBRegressor(n_estimators=5, n_jobs=1, **params).fit(X, y)
         fast = fit_regressor(xgb.XGBRegressor(n_estimators=5, n_jobs=1, **params), X, y)
         assert np.array_equal(fast.predict(X), library.predict(X))
