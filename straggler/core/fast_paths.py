@@ -13,14 +13,20 @@ import numpy as np
 import xgboost as xgb
 from scipy import optimize
 from scipy.special import expit
-from sklearn._loss.loss import HalfBinomialLoss
 from sklearn.linear_model import LogisticRegression
-from sklearn.linear_model._logistic import _LOGISTIC_SOLVER_CONVERGENCE_MSG
-from sklearn.utils.optimize import _check_optimize_result
-from xgboost._data_utils import array_interface
-from xgboost.core import _LIB, _check_call, c_bst_ulong, make_jcargs
 
 from straggler.core.arrays import FloatArray
+
+try:  # the libraries' private names: a version without them takes the public calls
+    from sklearn._loss.loss import HalfBinomialLoss
+    from sklearn.linear_model._logistic import _LOGISTIC_SOLVER_CONVERGENCE_MSG
+    from sklearn.utils.optimize import _check_optimize_result
+    from xgboost._data_utils import array_interface
+    from xgboost.core import _LIB, _check_call, c_bst_ulong, make_jcargs
+
+    NATIVE = True
+except ImportError:  # pragma: no cover - only with other library versions
+    NATIVE = False
 
 
 def fit_regressor(model: xgb.XGBRegressor, X: FloatArray, y: FloatArray) -> xgb.XGBRegressor:
@@ -29,7 +35,7 @@ def fit_regressor(model: xgb.XGBRegressor, X: FloatArray, y: FloatArray) -> xgb.
     weighted features): the same parameters, `xgboost.QuantileDMatrix` and boosting rounds, one
     native update per round without the wrapper's per-round feature checks and callbacks; otherwise
     the wrapper's own ``fit``."""
-    params = _plain_params(model)
+    params = _plain_params(model) if NATIVE else None
     if params is None:
         return model.fit(X, y)
     with xgb.config_context(verbosity=model.verbosity):
@@ -77,8 +83,18 @@ def _plain_params(model: xgb.XGBRegressor) -> dict[str, Any] | None:
     return None if params is None else dict(params)
 
 
-_PREDICT_ARGS = make_jcargs(
-    type=0, training=False, iteration_begin=0, iteration_end=0, missing=np.nan, strict_shape=False, cache_id=0
+_PREDICT_ARGS = (
+    make_jcargs(
+        type=0,
+        training=False,
+        iteration_begin=0,
+        iteration_end=0,
+        missing=np.nan,
+        strict_shape=False,
+        cache_id=0,
+    )
+    if NATIVE
+    else b""
 )
 """`xgboost.Booster.inplace_predict`'s arguments for values of every tree, NaN missing."""
 
@@ -90,7 +106,7 @@ def regressor_predict(model: xgb.XGBRegressor, X: FloatArray) -> FloatArray:
     anything else goes through `inplace_predict`, which rejects it as before."""
     booster = model.get_booster()
     plain = X.dtype == np.float64 and X.ndim == 2 and len(X) > 0 and X.flags.c_contiguous
-    if not (plain and X.shape[1] == booster.num_features()):
+    if not (NATIVE and plain and X.shape[1] == booster.num_features()):
         return np.asarray(booster.inplace_predict(X, missing=np.nan))
     shape = ctypes.POINTER(c_bst_ulong)()
     dims = c_bst_ulong()
@@ -121,7 +137,7 @@ def fit_logistic(
     model = LogisticRegression(C=C, max_iter=max_iter, class_weight="balanced" if balanced else None)
     positive = y == 1.0
     plain = X.dtype == np.float64 and X.ndim == 2 and y.shape == (len(X),) and np.isfinite(X).all()
-    if not (plain and positive.any() and (y == 0.0).any() and bool(np.all(positive | (y == 0.0)))):
+    if not (NATIVE and plain and positive.any() and (y == 0.0).any() and bool(np.all(positive | (y == 0.0)))):
         return model.fit(X, y)
     n, d = X.shape
     X = np.ascontiguousarray(X)
@@ -152,7 +168,7 @@ def fit_logistic(
     return model
 
 
-_HALF_BINOMIAL = HalfBinomialLoss()
+_HALF_BINOMIAL = HalfBinomialLoss() if NATIVE else None
 
 
 def _binomial_loss_gradient(
@@ -163,6 +179,7 @@ def _binomial_loss_gradient(
     operations in the same order without its array-API dispatch."""
     d = X.shape[1]
     w, intercept = coef[:-1], coef[-1]
+    assert _HALF_BINOMIAL is not None  # only called when NATIVE
     loss, pointwise = _HALF_BINOMIAL.loss_gradient(
         y_true=y, raw_prediction=X @ w + intercept, sample_weight=weights, n_threads=1
     )
