@@ -9,6 +9,8 @@ never runs code. Details: docs/module-notes.md.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -164,10 +166,7 @@ class StragglerMethod(ABC):
 
     def get_params(self) -> dict[str, Any]:
         """Constructor parameters as given (scikit-learn convention), for reports and cloning."""
-        import inspect
-
-        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
-        return {n: getattr(self, n) for n in names}
+        return {n: getattr(self, n) for n in _parameter_names(type(self))}
 
     def get_state(self) -> State:
         """Everything learned so far as plain data (`straggler.core.state`): the learned attributes,
@@ -179,3 +178,10 @@ class StragglerMethod(ABC):
         """Take back what `get_state` returned (on a fresh method with the same parameters); raises
         ValueError, TypeError or KeyError on state that is not shaped as this method's."""
         load_attributes(self, state, self.state_codecs)
+
+
+@functools.cache
+def _parameter_names(cls: type[StragglerMethod]) -> tuple[str, ...]:
+    """The names of ``cls.__init__``'s parameters but ``self`` (read once per class: `get_params`
+    runs at every fit)."""
+    return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")

@@ -21,13 +21,13 @@ from typing import Any, ClassVar, Literal, Self, get_args
 
 import numpy as np
 import xgboost as xgb
-from scipy.special import expit, logit
-from scipy.stats import beta as beta_distribution
-from scipy.stats import chi2, rankdata
+from scipy.special import betaincc, chdtrc, expit, logit
+from scipy.stats import rankdata
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
 
 from straggler.core.arrays import BoolArray, FloatArray
+from straggler.core.fast_paths import fit_logistic, fit_regressor, positive_probability, regressor_predict
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
 from straggler.core.state import (
@@ -68,7 +68,7 @@ def mostly_right(right: int, wrong: int, confidence: float) -> bool:
     """
     if right == 0:
         return False
-    return float(beta_distribution.sf(0.5, right + 1, wrong + 1)) >= confidence
+    return float(betaincc(right + 1, wrong + 1, 0.5)) >= confidence  # the Beta posterior's sf at 1/2
 
 
 class Nurd(StragglerMethod):
@@ -86,6 +86,8 @@ class Nurd(StragglerMethod):
     """
 
     name = "nurd"
+    _scored: _RunningScores | None = None
+    """`_running_scores`' last result (not learned state: a fit or `set_state` forgets it)."""
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {
         "scaler_": STANDARDISER,
         "regressor_": optional(XGB_REGRESSOR),
@@ -185,7 +187,7 @@ class Nurd(StragglerMethod):
         oof = np.empty(n)
         folds = KFold(self.skill_folds, shuffle=True, random_state=self.random_state)
         for train, test in folds.split(X):
-            oof[test] = _regressor_predict(self._regressor().fit(X[train], y[train]), X[test])
+            oof[test] = regressor_predict(fit_regressor(self._regressor(), X[train], y[train]), X[test])
         r2 = 1.0 - float(np.mean((y - oof) ** 2)) / float(np.var(y))
         return float(np.clip(r2, 0.0, 1.0))
 
@@ -213,7 +215,7 @@ class Nurd(StragglerMethod):
             if not mine.any():
                 continue
             X = fit.scaler_.transform(data.X_finished[mine])
-            guess = _regressor_predict(fit.regressor_, X) if fit.regressor_ is not None else fit.mean_target_
+            guess = regressor_predict(fit.regressor_, X) if fit.regressor_ is not None else fit.mean_target_
             error += float(np.sum((y[mine] - guess) ** 2))
             baseline += float(np.sum((y[mine] - fit.mean_target_) ** 2))
         if baseline <= 1e-12:
@@ -222,6 +224,7 @@ class Nurd(StragglerMethod):
 
     def fit(self, data: CheckpointData) -> Self:
         self._check_params()
+        self._scored = None
         if not hasattr(self, "delta_"):
             self.calibrate(data)
         past = self._past_fits(data)
@@ -232,7 +235,7 @@ class Nurd(StragglerMethod):
         self.mean_target_ = float(np.mean(y)) if len(y) else 0.0
         self.regressor_: xgb.XGBRegressor | None = None
         if len(y) >= 2 and float(np.var(y)) > 1e-12:
-            self.regressor_ = self._regressor().fit(X_fin, y)
+            self.regressor_ = fit_regressor(self._regressor(), X_fin, y)
         self.skill_ = 1.0
         if self.gate in ("skill", "backtest"):
             skill = self._prequential_skill(data, past) if past else None
@@ -243,11 +246,7 @@ class Nurd(StragglerMethod):
             X_run = self.scaler_.transform(data.X_running)
             X = np.vstack([X_fin, X_run])
             labels = np.concatenate([np.ones(len(X_fin)), np.zeros(len(X_run))])
-            self.propensity_ = LogisticRegression(
-                C=1.0,
-                max_iter=300,
-                class_weight="balanced" if self.balanced_propensity else None,
-            ).fit(X, labels)
+            self.propensity_ = fit_logistic(X, labels, C=1.0, max_iter=300, balanced=self.balanced_propensity)
         self.strength_ = self.skill_ if self.gate == "skill" else 1.0
         if self.gate == "backtest" and self.weighting == "density":
             self.strength_ = self._backtest_strength(data, past, observed)
@@ -259,6 +258,7 @@ class Nurd(StragglerMethod):
             snapshot: Nurd = copy.copy(self)
             self.history_: list[Nurd] = [*past, snapshot][-self.reuse_past_fits :]
             snapshot.history_ = []  # a fit remembers its predecessors, they do not
+            snapshot._scored = None
         return self
 
     def _rewinds(self, data: CheckpointData, past: list[Nurd]) -> Iterator[tuple[float, Nurd | None]]:
@@ -389,9 +389,9 @@ class Nurd(StragglerMethod):
             if len(keep) > self.max_scored:
                 rng = np.random.default_rng([self.random_state, len(past)])
                 keep = np.sort(rng.choice(keep, self.max_scored, replace=False))
-            X = self.scaler_.transform(data.X_running)
-            percentile = self._percentile(self._guess(X), self._density_ratio(X))[keep]
-            prior_logit = logit(self._prior(data)[keep])
+            scored = self._running_scores(data)
+            percentile = scored.percentile(self)[keep]
+            prior_logit = logit(scored.prior()[keep])
             shadow = np.full(len(keep), np.nan)
             if candidate is not None:
                 a, b, c = candidate
@@ -419,10 +419,10 @@ class Nurd(StragglerMethod):
         if n_pos < self.min_stragglers or len(y) - n_pos < self.min_stragglers:
             return None
         X = table[:, :2]
-        prior_only = LogisticRegression(C=1e4, max_iter=500).fit(X[:, :1], y)
-        both = LogisticRegression(C=1e4, max_iter=500).fit(X, y)
+        prior_only = fit_logistic(X[:, :1], y, C=1e4, max_iter=500, balanced=False)
+        both = fit_logistic(X, y, C=1e4, max_iter=500, balanced=False)
         gain = _log_likelihood(both, X, y) - _log_likelihood(prior_only, X[:, :1], y)
-        p_value = float(chi2.sf(2.0 * max(gain, 0.0), df=1))
+        p_value = float(chdtrc(1, 2.0 * max(gain, 0.0)))  # chi-squared sf, 1 degree of freedom
         self.calibration_["p_value"] = p_value
         if p_value < self.significance and both.coef_[0, 1] > 0:
             return float(both.intercept_[0]), float(both.coef_[0, 0]), float(both.coef_[0, 1])
@@ -432,7 +432,7 @@ class Nurd(StragglerMethod):
         """The regressor's prediction of the target (log latency if ``log_target``), unshrunk."""
         if self.regressor_ is None:
             return np.full(len(X), self.mean_target_)
-        return _regressor_predict(self.regressor_, X).astype(np.float64)
+        return regressor_predict(self.regressor_, X).astype(np.float64)
 
     def _raw_latency(self, X: FloatArray, guess: FloatArray | None = None) -> FloatArray:
         """Predicted latency, shrunk by the skill under the skill and backtest gates; ``guess``: the
@@ -456,26 +456,35 @@ class Nurd(StragglerMethod):
         """z / (1 - z) of a class-balanced propensity: ~ p(x | finished) / p(x | running)."""
         if self.propensity_ is None:
             return np.ones(len(X))
-        return _odds(_positive_probability(self.propensity_, X))
+        return _odds(positive_probability(self.propensity_, X))
+
+    def _running_scores(self, data: CheckpointData) -> _RunningScores:
+        """The current fit's view of ``data``'s running tasks (at least one), computed once: a fit's
+        ranking (`_calibrate_ranking`) and the `predict` that follows it score the same checkpoint."""
+        scored = self._scored
+        if scored is None or scored.data is not data:
+            X = self.scaler_.transform(data.X_running)
+            z = positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
+            scored = self._scored = _RunningScores(data, X, self._guess(X), z, self.propensity_ is not None)
+        return scored
 
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
             empty = np.zeros(0)
             return Scores.from_latency(empty, empty, data.threshold, empty, empty)
-        X = self.scaler_.transform(data.X_running)
-        guess = self._guess(X)
-        latency = self._raw_latency(X, guess)
-        z = _positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
+        scored = self._running_scores(data)
+        self._scored = None  # read once: a fit's ranking, then this predict
+        guess, z = scored.guess, scored.z
+        latency = self._raw_latency(scored.X, guess)
         weight = self._weight(z)
         if self.gate != "calibrated" or data.n_finished == 0:
             return Scores.from_latency(latency, latency / weight, data.threshold, z, weight)
-        prior = self._prior(data)
+        prior = scored.prior()
         calibrator = getattr(self, "calibrator_", None)
         if calibrator is None:
             return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, prior)
         a, b, c = calibrator
-        ratio = _odds(z) if self.propensity_ is not None else np.ones(len(X))
-        probability = expit(a + b * logit(prior) + c * self._percentile(guess, ratio))
+        probability = expit(a + b * logit(prior) + c * scored.percentile(self))
         flag = probability >= self.flag_probability
         return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, probability, flag)
 
@@ -489,6 +498,7 @@ class Nurd(StragglerMethod):
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
+        self._scored = None
         rest = {k: v for k, v in state.items() if k not in ("rankings_", "history_")}
         super().set_state(rest)
         if "rankings_" in state:
@@ -510,6 +520,33 @@ class Nurd(StragglerMethod):
             "calibration": getattr(self, "calibration_", None),
             "calibrator": getattr(self, "calibrator_", None),
         }
+
+
+@dataclass
+class _RunningScores:
+    """A fit's view of one checkpoint's running tasks: scaled features ``X``, the regressor's
+    ``guess`` (`Nurd._guess`) and the propensity ``z`` (ones without a propensity model); the survival
+    prior and the percentile on first use."""
+
+    data: CheckpointData
+    X: FloatArray
+    guess: FloatArray
+    z: FloatArray
+    weighted: bool
+    """Was there a propensity model (else the density ratio is 1)."""
+    _prior: FloatArray | None = None
+    _percentile: FloatArray | None = None
+
+    def prior(self) -> FloatArray:
+        if self._prior is None:
+            self._prior = Nurd._prior(self.data)
+        return self._prior
+
+    def percentile(self, model: Nurd) -> FloatArray:
+        if self._percentile is None:
+            ratio = _odds(self.z) if self.weighted else np.ones(len(self.X))
+            self._percentile = model._percentile(self.guess, ratio)
+        return self._percentile
 
 
 @dataclass(frozen=True)
@@ -594,31 +631,13 @@ def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
     return np.asarray(np.concatenate(rows), dtype=np.float64)
 
 
-def _regressor_predict(model: xgb.XGBRegressor, X: FloatArray) -> FloatArray:
-    """``model.predict(X)``: the booster's own in-place prediction, which the scikit-learn wrapper
-    calls for a NumPy array (all trees: NURD never stops early), without the wrapper's per-call
-    configuration."""
-    return np.asarray(model.get_booster().inplace_predict(X, missing=np.nan))
-
-
-def _positive_probability(model: LogisticRegression, X: FloatArray) -> FloatArray:
-    """``model.predict_proba(X)[:, 1]`` of a binary ``model``, bit for bit: the same product, sum
-    and `expit`, without scikit-learn's input checks for the finite float arrays NURD scores
-    (anything else goes through scikit-learn, which rejects it as before)."""
-    plain = X.dtype == np.float64 and X.ndim == 2 and len(X) > 0 and X.shape[1] == model.coef_.shape[1]
-    if not (plain and len(model.classes_) == 2 and np.isfinite(X).all()):
-        return np.asarray(model.predict_proba(X)[:, 1], dtype=np.float64)
-    scores = X @ model.coef_.T + model.intercept_
-    return np.asarray(expit(scores.reshape(-1)), dtype=np.float64)
-
-
 def _odds(z: FloatArray) -> FloatArray:
     """z / (1 - z): a class-balanced propensity read as the density ratio p(x | finished) / p(x | running)."""
     return z / np.maximum(1.0 - z, 1e-12)
 
 
 def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> float:
-    p = np.clip(_positive_probability(model, X), 1e-12, 1.0 - 1e-12)
+    p = np.clip(positive_probability(model, X), 1e-12, 1.0 - 1e-12)
     return float(np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
 
 
