@@ -32,7 +32,7 @@ from pipeline.model_codec import ModelRecordError, decode_model, encode_model
 from schemas import nan_to_none, none_to_nan
 from straggler.core.jobstate import TaskRecord, TaskStatus
 from straggler.core.method import StragglerMethod
-from straggler.core.online import Decision, OnlineJob
+from straggler.core.online import CheckpointPlan, Decision, OnlineJob
 
 SEPARATOR = "\x1f"
 log = logging.getLogger(__name__)
@@ -282,17 +282,30 @@ class JobStore:
         job row, and with the job's next task row.
         """
         job = self.job(job_id)
-        meta = self.meta(job_id)
-        if job is None or meta is None:
+        plan = self.begin_evaluation(job_id, at)
+        if job is None or plan is None:
             return []
+        plan.fit()
+        return self.end_evaluation(job, plan)
+
+    def begin_evaluation(self, job_id: str, at: float) -> CheckpointPlan | None:
+        """`evaluate` up to the refit (`OnlineJob.begin_checkpoint`); None if the job is unknown.
+
+        Until `end_evaluation`, nothing may change the job: ``plan.fit()`` may run in another thread."""
+        job = self.job(job_id)
+        if job is None or self.meta(job_id) is None:
+            return None
         self.write_changes(job_id)  # flags of the previous checkpoint that no task row carries yet
-        version_before = job.model_version
-        decisions = job.checkpoint(at)
+        return job.begin_checkpoint(at)
+
+    def end_evaluation(self, job: OnlineJob, plan: CheckpointPlan) -> list[Decision]:
+        """`evaluate` after ``plan.fit()``: the decisions, the flags noted, the new model written."""
+        decisions = job.end_checkpoint(plan)
         for d in decisions:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
-        if job.model_version != version_before:
-            self.models[model_key(job_id, job.model_version)] = encode_model(job.method)
+        if plan.refit:
+            self.models[model_key(job.job_id, job.model_version)] = encode_model(job.method)
         return decisions
 
     def record_evaluation(self, at: float, job: OnlineJob, meta: JobMeta) -> None:
