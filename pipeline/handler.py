@@ -9,6 +9,9 @@ A job's task changes are written at its checkpoints, not per record, so an input
 until its changes are written, and its offset may be committed only then: `take_acks` hands out the
 records done, in offset order per partition (Faust commits the highest contiguous acknowledged
 offset). A job that reaches no checkpoint within ``hold_seconds`` has its changes written anyway.
+
+A refit may run off the event loop (`RunRefit`): its job's later records wait, held, until
+`refit_done` concludes the checkpoint; other jobs' records go on, and no decision changes.
 """
 
 from __future__ import annotations
@@ -164,13 +167,14 @@ class _Refit:
     entry: _Held
     """The boundary's, held until the checkpoint is concluded."""
     boundary_produced_at: float | None
-    seconds: float | None = None
+    seconds: float
+    """The evaluation's own time so far (not its wait for the thread): `AgentMetrics.evaluated`."""
 
     def fit(self) -> None:
         """The refit (`RunRefit.fit`), timed."""
         started = time.perf_counter()
         self.plan.fit()
-        self.seconds = time.perf_counter() - started
+        self.seconds += time.perf_counter() - started
 
 
 class AgentMetrics(Protocol):
@@ -622,7 +626,7 @@ class JobEventHandler:
         plan = store.begin_evaluation(job_id, at)
         assert plan is not None
         if plan.refit and entry is not None and self._offloaded(plan):
-            refit = _Refit(plan, job, meta, entry, boundary_produced_at)
+            refit = _Refit(plan, job, meta, entry, boundary_produced_at, time.perf_counter() - started)
             action = RunRefit(job_id, refit.fit, entry.record)
             self._refits[job_id] = (action, refit)
             entry.waiting = True
@@ -642,7 +646,9 @@ class JobEventHandler:
         """The rest of `_evaluate` once its refit ran apart; a failed fit fails the boundary's record."""
         if error is not None:
             raise error
+        started = time.perf_counter()
         decisions = self.store.end_evaluation(refit.job, refit.plan)
+        refit.seconds += time.perf_counter() - started
         yield from self._evaluated(
             refit.job, refit.meta, refit.plan.at, decisions, refit.boundary_produced_at, refit.seconds
         )

@@ -6,7 +6,8 @@ never a pickle), all written on the job's own changelog partition; in-memory `On
 cache rebuilt from them.
 A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
 
-1. `evaluate`: the checkpoint's new model (a new version key), not the job row;
+1. `evaluate` (or `begin_evaluation`, the refit, `end_evaluation`): the checkpoint's new model (a new
+   version key), not the job row;
 2. the predictions are published and acknowledged;
 3. `record_evaluation`: the job row, carrying the checkpoint's flags (they reach a task row with the
    job's next write, so a checkpoint costs no task row of its own);
