@@ -2,7 +2,7 @@
 
 The records are the replayer's own (`TraceReplayer` encodes synthetic jobs of 1,000 tasks); the
 stages are the calls `pipeline.handler` makes for them: decode and check a record, apply its
-observations to the job, write the job's changed task rows, the model (`JobStore.evaluate`), and
+observations to the job, write the job's changed task rows, the model (`JobStore.evaluate`'s steps), and
 build a checkpoint's prediction parts. Each repetition runs on fresh tables; the digest of every
 record written (prediction parts, task rows) must not change when the path gets cheaper.
 
@@ -125,19 +125,29 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
     """The handler's checkpoint (`JobEventHandler._evaluate`), its model and its records timed apart."""
     parts: list[bytes] = []
     model_seconds = 0.0
-    actions = handler._apply_boundary(boundary)
+    actions = handler._apply_boundary(boundary, None)
     store = handler.store
-    evaluate = store.evaluate
+    begin_evaluation, end_evaluation = store.begin_evaluation, store.end_evaluation
 
-    def timed_evaluate(job_id: str, at: float) -> list[Any]:
-        nonlocal model_seconds
-        started = time.perf_counter()
-        try:
-            return evaluate(job_id, at)
-        finally:
-            model_seconds += time.perf_counter() - started
+    def timed(step: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            nonlocal model_seconds
+            started = time.perf_counter()
+            try:
+                return step(*args)
+            finally:
+                model_seconds += time.perf_counter() - started
 
-    store.evaluate = timed_evaluate  # type: ignore[method-assign]
+        return run
+
+    def timed_begin(job_id: str, at: float) -> Any:
+        plan = timed(begin_evaluation)(job_id, at)
+        if plan is not None:
+            plan.fit = timed(plan.fit)  # the refit, between the two steps
+        return plan
+
+    store.begin_evaluation = timed_begin  # type: ignore[method-assign]
+    store.end_evaluation = timed(end_evaluation)  # type: ignore[method-assign]
     started = time.perf_counter()
     try:
         for action in actions:
@@ -145,7 +155,7 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
             if isinstance(value, bytes):
                 parts.append(value)
     finally:
-        del store.evaluate
+        del store.begin_evaluation, store.end_evaluation
     total = time.perf_counter() - started
     return parts, model_seconds, total - model_seconds
 

@@ -152,6 +152,7 @@ def pipeline_rate(
     timeout: float,
     cumulative: Cumulative,
     method: str = "nurd",
+    refit_inline: bool = False,
 ) -> dict[str, float]:
     """Run the Faust worker until its committed offsets reach the end; rates between commits."""
     total = sum(ends.values())
@@ -161,7 +162,7 @@ def pipeline_rate(
     peak_rss = 0
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as workdir:
         args = ["worker", "--bootstrap", bootstrap, "--topic-prefix", topics.prefix, "--datadir", workdir]
-        args += ["--method", method]
+        args += ["--method", method] + (["--refit-inline"] if refit_inline else [])
         launched = time.monotonic()
         bar = tqdm(total=total, unit="ev", desc="pipeline (committed)", unit_scale=True)
         try:
@@ -213,6 +214,9 @@ def main() -> int:
         default="nurd",
         help="the worker's method; `reactive` (no model) isolates the framework's own cost",
     )
+    parser.add_argument(
+        "--refit-inline", action="store_true", help="the worker refits in its event loop (to compare)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--bootstrap", default=None, help="an existing broker (default: start an embedded one)"
@@ -234,7 +238,9 @@ def main() -> int:
         ends = topic_end_offsets(bootstrap, [topics.checkpoints, topics.job_events])
         cumulative: Cumulative = {}
         raw = raw_rate(bootstrap, ends, args.timeout, cumulative)
-        pipe = pipeline_rate(bootstrap, topics, ends, out, args.timeout, cumulative, args.method)
+        pipe = pipeline_rate(
+            bootstrap, topics, ends, out, args.timeout, cumulative, args.method, args.refit_inline
+        )
         outputs = sum(topic_end_offsets(bootstrap, [topics.predictions]).values())
         tables = changelog_topics(settings_for(bootstrap, topics))
         changelogs = sum(topic_end_offsets(bootstrap, tables).values())
@@ -252,6 +258,7 @@ def main() -> int:
         "changelog_records": changelogs,
         "targets": {"pipeline_observations_per_second": 50_000, "output_records_per_observation": 0.05},
         "method": args.method,
+        "refit_inline": args.refit_inline,
         "jobs": n_jobs,
         "tasks_per_job": args.tasks,
         "events": sum(ends.values()),

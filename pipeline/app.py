@@ -24,8 +24,12 @@ ticks live on one partition whoever produced it. What each record asks is decide
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,9 +45,11 @@ from pipeline.handler import (
     ForwardRecord,
     InputRecord,
     JobEventHandler,
+    RunRefit,
     SendDeadLetter,
     SendPredictionPart,
     SendTick,
+    conclude,
     process,
 )
 from pipeline.jobstore import JobStore, new_online_job
@@ -80,6 +86,8 @@ TABLE_HELP = {
 TABLES = tuple(TABLE_HELP)
 SESSION_TIMEOUT_S = 10.0
 """How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
+REFIT_POLL_SECONDS = 0.02
+"""How often a finished refit is looked for while no record arrives (the agent looks after each one)."""
 
 
 def changelog_topics(settings: WorkerSettings) -> list[str]:
@@ -181,7 +189,13 @@ def create_app(settings: WorkerSettings) -> faust.App:
         stats=stats,
         metrics=metrics,
         consensus=admm,
+        offload_refits=not settings.refit_inline,
     )
+    refit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refit")
+    refits: deque[tuple[RunRefit, asyncio.Future[None]]] = deque()
+    """Refits handed to the thread, in the order they were started (and will end)."""
+    handling = asyncio.Lock()
+    """One record, or one refit's conclusion, at a time: the handler has one record in hand."""
 
     in_hand: dict[tuple[str, int, int], faust.EventT] = {}
     """The events of the records the handler holds, by topic, partition and offset."""
@@ -222,6 +236,8 @@ def create_app(settings: WorkerSettings) -> faust.App:
             await boundaries.send(key=action.key, value=action.value)
         elif isinstance(action, ForwardRecord):
             await forward(action)
+        elif isinstance(action, RunRefit):
+            refits.append((action, asyncio.get_running_loop().run_in_executor(refit_thread, action.fit)))
         else:
             await acknowledged(app.producer)
 
@@ -245,7 +261,26 @@ def create_app(settings: WorkerSettings) -> faust.App:
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
             in_hand[(record.topic, record.partition, record.offset)] = event
-            await process(handler, record, perform)
+            async with handling:
+                await process(handler, record, perform)
+                await conclude_refits()
+            settle()
+
+    async def conclude_refits() -> None:
+        """Conclude the refits that ended (their checkpoints' writes go to their boundaries' partitions)."""
+        while refits and refits[0][1].done():
+            action, future = refits.popleft()
+            record = action.record
+            event = in_hand.get((record.topic, record.partition, record.offset))  # None: let go
+            with writes_routed_to(event) if event is not None else nullcontext():
+                await conclude(handler, action, future.exception(), perform)
+
+    @app.timer(interval=REFIT_POLL_SECONDS)
+    async def conclude_refits_while_idle() -> None:
+        """Refits that end while no record arrives are concluded all the same."""
+        if refits and refits[0][1].done() and app.flow_control.is_active():
+            async with handling:
+                await conclude_refits()
             settle()
 
     @app.timer(interval=1.0)

@@ -31,6 +31,7 @@ def _worker(args: argparse.Namespace) -> int:
         seed=args.seed,
         datadir=args.datadir,
         admm_interval=args.admm_interval,
+        refit_inline=args.refit_inline,
     )
     mismatch = _partition_mismatch(settings)
     if mismatch:
@@ -90,6 +91,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="with --method admm and no --model: learn it in the stream, one consensus round over the "
         "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1",
+    )
+    p.add_argument(
+        "--refit-inline",
+        action="store_true",
+        help="refit in the event loop, holding up every job, not in a thread (same decisions; to compare)",
     )
     p.add_argument("--seed", type=int, default=0)
     add_metrics_arguments(p)

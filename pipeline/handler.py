@@ -9,6 +9,9 @@ A job's task changes are written at its checkpoints, not per record, so an input
 until its changes are written, and its offset may be committed only then: `take_acks` hands out the
 records done, in offset order per partition (Faust commits the highest contiguous acknowledged
 offset). A job that reaches no checkpoint within ``hold_seconds`` has its changes written anyway.
+
+A refit may run off the event loop (`RunRefit`): its job's later records wait, held, until
+`refit_done` concludes the checkpoint; other jobs' records go on, and no decision changes.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Protocol
 
 import orjson
 
-from pipeline.jobstore import JobStore
+from pipeline.jobstore import JobMeta, JobStore
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -39,7 +42,7 @@ from schemas import (
     read_task_batch,
 )
 from straggler.core.decision_event import prediction_parts
-from straggler.core.online import Decision, OnlineJob
+from straggler.core.online import CheckpointPlan, Decision, OnlineJob
 from straggler.kafka.routing import Forward, Reject, route
 
 log = logging.getLogger(__name__)
@@ -112,13 +115,25 @@ class Acknowledge:
     """Wait until everything sent so far, on every topic, is acknowledged by the broker."""
 
 
+@dataclass(frozen=True, eq=False)
+class RunRefit:
+    """Run ``fit`` (a job's refit) off the event loop, then hand this action to
+    `JobEventHandler.refit_done` (with what ``fit`` raised, if anything)."""
+
+    job_id: str
+    fit: Callable[[], None]
+    record: InputRecord
+    """The boundary whose checkpoint waits for the refit: the checkpoint's table writes go to its
+    partition's changelogs."""
+
+
 ACKNOWLEDGE = Acknowledge()
 HOLD_SECONDS = 2.0
 """How long a record may wait for its job's next checkpoint before the job's changes are written."""
 IDLE_SECONDS = 0.25
 """Once no record has arrived for this long the input has paused: every held job is written then,
 so a pause (or the end of a replay) makes everything durable at once, not after `HOLD_SECONDS`."""
-Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge
+Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge | RunRefit
 
 
 @dataclass(eq=False)
@@ -137,6 +152,29 @@ class _Held:
 
 
 TopicPartition = tuple[str, int]
+JobInput = TaskInput | JobEvent
+_Waiting = tuple[InputRecord, _Held | None, JobInput]
+"""A job's input applied later (after its job's start, or its refit), with its held entry if any."""
+
+
+@dataclass(eq=False)
+class _Refit:
+    """A checkpoint whose refit runs apart: what concluding it needs."""
+
+    plan: CheckpointPlan
+    job: OnlineJob
+    meta: JobMeta
+    entry: _Held
+    """The boundary's, held until the checkpoint is concluded."""
+    boundary_produced_at: float | None
+    seconds: float
+    """The evaluation's own time so far (not its wait for the thread): `AgentMetrics.evaluated`."""
+
+    def fit(self) -> None:
+        """The refit (`RunRefit.fit`), timed."""
+        started = time.perf_counter()
+        self.plan.fit()
+        self.seconds += time.perf_counter() - started
 
 
 class AgentMetrics(Protocol):
@@ -189,6 +227,15 @@ class JobEventHandler:
     separate topics, so Kafka does not order them against each other."""
     hold_seconds: float = HOLD_SECONDS
     idle_seconds: float = IDLE_SECONDS
+    offload_refits: bool = False
+    """Hand a checkpoint's refit to the worker (`RunRefit`) instead of running it in `handle`: the job
+    waits for it (`refit_done`) while other jobs' records go on."""
+    inline_refit_below: int = 0
+    """Refits on fewer finished tasks run in `handle` anyway (a thread hop would cost more); where a
+    refit runs never changes a decision."""
+    _refits: dict[str, tuple[RunRefit, _Refit]] = field(default_factory=dict)
+    _queued: dict[str, deque[_Waiting]] = field(default_factory=dict)
+    """Per job with a refit running (or just concluded), its inputs that arrived meanwhile, in order."""
     _last_received: float = float("-inf")
     _held: dict[TopicPartition, deque[_Held]] = field(default_factory=dict)
     """Records not acknowledged yet, per input partition in offset order."""
@@ -247,6 +294,10 @@ class JobEventHandler:
         self._held.clear()
         self.pending.clear()
         self._expiring.clear()
+        for job_id in self._refits:
+            self.store.forget(job_id)  # its method may still be fitting: rebuild the job from the tables
+        self._refits.clear()
+        self._queued.clear()
         return records
 
     def overdue(self) -> list[tuple[str, InputRecord]]:
@@ -346,20 +397,9 @@ class JobEventHandler:
             else:
                 self.stats.boundaries += 1
                 work = decoded
-            if self.store.meta(decoded.job_id) is None or decoded.job_id in self.pending:
-                if self._current is not None:
-                    self._current.waiting = True
-                self.pending[decoded.job_id].append((self.clock(), record, work, self._current))
-            else:
-                yield from self._apply(work, self._current)
+            yield from self._route(record, self._current, work)
         elif isinstance(decoded, JobEvent):
-            yield from self._settled(decoded.job_id)
-            self._apply_job_event(decoded)
-            if self.store.meta(decoded.job_id) is not None:
-                for _, _, waiting, entry in self.pending.pop(decoded.job_id, []):
-                    yield from self._apply(waiting, entry)
-                    if entry is not None and not entry.waiting:
-                        entry.done = True
+            yield from self._route(record, self._current, decoded)
         else:
             yield self._dead_letter(record, f"unexpected {decoded.type} event on {record.topic}")
 
@@ -445,11 +485,69 @@ class JobEventHandler:
         if self.store.awaiting_acknowledgement(job_id):
             yield from self.flush()
 
+    def _route(self, record: InputRecord, entry: _Held | None, work: JobInput) -> Iterator[Action]:
+        """Apply ``work`` now, or after its job's refit (and the job's inputs that wait for it)."""
+        if work.job_id in self._refits or work.job_id in self._queued:
+            if entry is not None:
+                entry.waiting = True  # held until applied
+            self._queued.setdefault(work.job_id, deque()).append((record, entry, work))
+        else:
+            yield from self._dispatch(record, entry, work)
+
+    def _dispatch(self, record: InputRecord, entry: _Held | None, work: JobInput) -> Iterator[Action]:
+        """Apply ``work``; a task input of a job not started yet waits in `pending`."""
+        if isinstance(work, JobEvent):
+            yield from self._apply_job_event(work)
+        elif self.store.meta(work.job_id) is None or work.job_id in self.pending:
+            if entry is not None:
+                entry.waiting = True
+            self.pending[work.job_id].append((self.clock(), record, work, entry))
+        else:
+            yield from self._apply(work, entry)
+
+    def refit_done(
+        self, refit: RunRefit, error: BaseException | None = None
+    ) -> Iterator[tuple[InputRecord, Iterator[Action]]]:
+        """``refit`` ran (``error``: what its fit raised). Yields each record to finish now, with what
+        finishing it asks (perform it, then `finish` the record, as `process` does): the refit's
+        boundary, whose checkpoint is concluded as `handle` would have, then the job's inputs that
+        waited, in order, until one starts another refit. Nothing if the job was let go meanwhile."""
+        if self._current is not None:
+            raise RuntimeError("a refit is concluded between records, not while one is handled")
+        job_id = refit.job_id
+        action, running = self._refits.get(job_id, (None, None))
+        if action is not refit or running is None:
+            return
+        del self._refits[job_id]
+        running.entry.waiting = False
+        self._current = running.entry
+        yield refit.record, self._conclude(running, error)
+        while (queue := self._queued.get(job_id)) and job_id not in self._refits:
+            record, entry, work = queue.popleft()
+            if not queue:
+                del self._queued[job_id]
+            self._current = entry
+            yield record, self._dispatch(record, entry, work)
+
+    def _apply_in_order(
+        self, job_id: str, inputs: list[tuple[InputRecord, _Held | None, TaskInput]]
+    ) -> Iterator[Action]:
+        """Apply the job's ``inputs`` (they waited for its start); once one starts a refit, the rest
+        wait for it, ahead of the job's inputs queued already (those came later)."""
+        for i, (_, entry, work) in enumerate(inputs):
+            if job_id in self._refits:
+                queue = self._queued.setdefault(job_id, deque())
+                queue.extendleft(reversed(inputs[i:]))  # their entries wait already (`pending`)
+                return
+            yield from self._apply(work, entry)
+            if entry is not None and not entry.waiting:
+                entry.done = True
+
     def _apply(self, work: TaskInput, entry: _Held | None) -> Iterator[Action]:
         if entry is not None:
             entry.waiting = False
         if isinstance(work, CheckpointBoundary):
-            yield from self._apply_boundary(work)
+            yield from self._apply_boundary(work, entry)
             return
         yield from self._settled(work.job_id)
         self._apply_tasks(work)
@@ -470,20 +568,28 @@ class JobEventHandler:
         store.put_tasks(job, changed)
         self.stats.ignored += len(work.observations) - len(changed)
 
-    def _apply_boundary(self, event: CheckpointBoundary) -> Iterator[Action]:
+    def _apply_boundary(self, event: CheckpointBoundary, entry: _Held | None) -> Iterator[Action]:
         meta = self.store.meta(event.job_id)
         assert meta is not None
         if event.origin == "timer":
             if meta.live:
-                yield from self._evaluate(event.job_id, event.checkpoint_time, None)
+                yield from self._evaluate(event.job_id, event.checkpoint_time, None, entry)
             return
         if meta.live:  # a producer that did not say it sends boundaries does: no timer for this job
             yield from self._settled(event.job_id)
             meta.live = False
             self.store.save_meta(event.job_id, meta)
-        yield from self._evaluate(event.job_id, event.checkpoint_time, event.produced_at)
+        yield from self._evaluate(event.job_id, event.checkpoint_time, event.produced_at, entry)
 
-    def _apply_job_event(self, event: JobEvent) -> None:
+    def _apply_job_event(self, event: JobEvent) -> Iterator[Action]:
+        """Start or end the job; a start applies the job's inputs that waited for it."""
+        yield from self._settled(event.job_id)
+        self._start_or_end(event)
+        if self.store.meta(event.job_id) is not None:
+            waiting = self.pending.pop(event.job_id, [])
+            yield from self._apply_in_order(event.job_id, [(r, e, w) for _, r, w, e in waiting])
+
+    def _start_or_end(self, event: JobEvent) -> None:
         store = self.store
         if event.event == "started":
             assert event.expected_tasks is not None
@@ -500,7 +606,11 @@ class JobEventHandler:
             meta.ended_at = event.time
             store.save_meta(event.job_id, meta)
 
-    def _evaluate(self, job_id: str, at: float, boundary_produced_at: float | None) -> Iterator[Action]:
+    def _evaluate(
+        self, job_id: str, at: float, boundary_produced_at: float | None, entry: _Held | None
+    ) -> Iterator[Action]:
+        """Evaluate the checkpoint; a refit the worker runs apart (`RunRefit`) holds the boundary's
+        ``entry`` and makes the job wait until `refit_done` concludes the checkpoint."""
         store = self.store
         meta = store.meta(job_id)
         if meta is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
@@ -512,9 +622,48 @@ class JobEventHandler:
         if self.consensus is not None:
             self.consensus.prepare(job)  # the latest consensus weights
         # The order of writes is what makes a killed worker recover exactly (`pipeline.jobstore`).
-        version, started = job.model_version, time.perf_counter()
-        decisions = store.evaluate(job_id, at)
-        refit = time.perf_counter() - started if job.model_version != version else None
+        started = time.perf_counter()
+        plan = store.begin_evaluation(job_id, at)
+        assert plan is not None
+        if plan.refit and entry is not None and self._offloaded(plan):
+            refit = _Refit(plan, job, meta, entry, boundary_produced_at, time.perf_counter() - started)
+            action = RunRefit(job_id, refit.fit, entry.record)
+            self._refits[job_id] = (action, refit)
+            entry.waiting = True
+            yield action
+            return
+        plan.fit()
+        decisions = store.end_evaluation(job, plan)
+        refit_seconds = time.perf_counter() - started if plan.refit else None
+        yield from self._evaluated(job, meta, at, decisions, boundary_produced_at, refit_seconds)
+
+    def _offloaded(self, plan: CheckpointPlan) -> bool:
+        """Whether the plan's refit runs apart (`offload_refits`, `inline_refit_below`)."""
+        data = plan.data
+        return self.offload_refits and data is not None and data.n_finished >= self.inline_refit_below
+
+    def _conclude(self, refit: _Refit, error: BaseException | None) -> Iterator[Action]:
+        """The rest of `_evaluate` once its refit ran apart; a failed fit fails the boundary's record."""
+        if error is not None:
+            raise error
+        started = time.perf_counter()
+        decisions = self.store.end_evaluation(refit.job, refit.plan)
+        refit.seconds += time.perf_counter() - started
+        yield from self._evaluated(
+            refit.job, refit.meta, refit.plan.at, decisions, refit.boundary_produced_at, refit.seconds
+        )
+
+    def _evaluated(
+        self,
+        job: OnlineJob,
+        meta: JobMeta,
+        at: float,
+        decisions: list[Decision],
+        boundary_produced_at: float | None,
+        refit_seconds: float | None,
+    ) -> Iterator[Action]:
+        """Publish a checkpoint's decisions, then commit it (`JobStore.record_evaluation`)."""
+        store, job_id = self.store, job.job_id
         now = self.wall_clock()
         key = job_id.encode()
         marker = CheckpointEvaluated(
@@ -530,7 +679,7 @@ class JobEventHandler:
             yield SendPredictionPart(key, part)
         yield from self.flush()  # the model and predictions are on the broker
         if self.metrics is not None:
-            self.metrics.evaluated(decisions, refit, boundary_produced_at, self.wall_clock())
+            self.metrics.evaluated(decisions, refit_seconds, boundary_produced_at, self.wall_clock())
         store.record_evaluation(at, job, meta)  # acknowledged by the next flush, before the job's next write
         self.stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
@@ -554,12 +703,42 @@ async def process(
     admitted = handler.admit(record)
     if isinstance(admitted, SendDeadLetter | ForwardRecord):
         await perform(admitted)
+        await _finish(handler, record, perform)
     else:
-        try:
-            for action in handler.handle(record, admitted):
-                await perform(action)
-        except Exception as error:  # one bad event must not stop the agent
-            log.exception("failed on %s event of job %r", admitted.type, getattr(admitted, "job_id", None))
-            await perform(handler.failed(record, error))
+        await _perform_handling(handler, record, handler.handle(record, admitted), perform)
+
+
+async def conclude(
+    handler: JobEventHandler,
+    refit: RunRefit,
+    error: BaseException | None,
+    perform: Callable[[Action], Awaitable[None]],
+) -> None:
+    """Conclude a refit that ran apart (`JobEventHandler.refit_done`): each record it hands back is
+    finished as `process` finishes one. Call it between records, never while one is handled."""
+    for record, actions in handler.refit_done(refit, error):
+        await _perform_handling(handler, record, actions, perform)
+
+
+async def _perform_handling(
+    handler: JobEventHandler,
+    record: InputRecord,
+    actions: Iterator[Action],
+    perform: Callable[[Action], Awaitable[None]],
+) -> None:
+    try:
+        for action in actions:
+            await perform(action)
+    except Exception as error:  # one bad event must not stop the agent
+        log.exception(
+            "failed on record %s[%d]@%d (key %r)", record.topic, record.partition, record.offset, record.key
+        )
+        await perform(handler.failed(record, error))
+    await _finish(handler, record, perform)
+
+
+async def _finish(
+    handler: JobEventHandler, record: InputRecord, perform: Callable[[Action], Awaitable[None]]
+) -> None:
     for action in handler.finish(record):
         await perform(action)

@@ -6,7 +6,8 @@ never a pickle), all written on the job's own changelog partition; in-memory `On
 cache rebuilt from them.
 A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
 
-1. `evaluate`: the checkpoint's new model (a new version key), not the job row;
+1. `evaluate` (or `begin_evaluation`, the refit, `end_evaluation`): the checkpoint's new model (a new
+   version key), not the job row;
 2. the predictions are published and acknowledged;
 3. `record_evaluation`: the job row, carrying the checkpoint's flags (they reach a task row with the
    job's next write, so a checkpoint costs no task row of its own);
@@ -32,7 +33,7 @@ from pipeline.model_codec import ModelRecordError, decode_model, encode_model
 from schemas import nan_to_none, none_to_nan
 from straggler.core.jobstate import TaskRecord, TaskStatus
 from straggler.core.method import StragglerMethod
-from straggler.core.online import Decision, OnlineJob
+from straggler.core.online import CheckpointPlan, Decision, OnlineJob
 
 SEPARATOR = "\x1f"
 log = logging.getLogger(__name__)
@@ -146,6 +147,10 @@ class JobStore:
         acknowledged, so the partition's next owner reads them again."""
         self._cache.clear()
         self._written.clear()
+
+    def forget(self, job_id: str) -> None:
+        """`forget_cache` for one job (its method is no longer the worker's to use)."""
+        self._cache.pop(job_id, None)
 
     def reload(self, job_id: str) -> OnlineJob | None:
         """Write the job's pending changes, then rebuild it from the tables (its feature names changed)."""
@@ -282,17 +287,30 @@ class JobStore:
         job row, and with the job's next task row.
         """
         job = self.job(job_id)
-        meta = self.meta(job_id)
-        if job is None or meta is None:
+        plan = self.begin_evaluation(job_id, at)
+        if job is None or plan is None:
             return []
+        plan.fit()
+        return self.end_evaluation(job, plan)
+
+    def begin_evaluation(self, job_id: str, at: float) -> CheckpointPlan | None:
+        """`evaluate` up to the refit (`OnlineJob.begin_checkpoint`); None if the job is unknown.
+
+        Until `end_evaluation`, nothing may change the job: ``plan.fit()`` may run in another thread."""
+        job = self.job(job_id)
+        if job is None or self.meta(job_id) is None:
+            return None
         self.write_changes(job_id)  # flags of the previous checkpoint that no task row carries yet
-        version_before = job.model_version
-        decisions = job.checkpoint(at)
+        return job.begin_checkpoint(at)
+
+    def end_evaluation(self, job: OnlineJob, plan: CheckpointPlan) -> list[Decision]:
+        """`evaluate` after ``plan.fit()``: the decisions, the flags noted, the new model written."""
+        decisions = job.end_checkpoint(plan)
         for d in decisions:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
-        if job.model_version != version_before:
-            self.models[model_key(job_id, job.model_version)] = encode_model(job.method)
+        if plan.refit:
+            self.models[model_key(job.job_id, job.model_version)] = encode_model(job.method)
         return decisions
 
     def record_evaluation(self, at: float, job: OnlineJob, meta: JobMeta) -> None:

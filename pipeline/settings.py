@@ -31,6 +31,9 @@ class WorkerSettings:
     pending_grace: float = 30.0
     """How long events of a job wait for its job_event 'started' before they are dead-lettered."""
     datadir: str | None = None
+    refit_inline: bool = False
+    """Run each refit in the event loop, as the offline evaluator does, instead of in the worker's refit
+    thread (where other jobs' events go on meanwhile); the decisions are the same either way."""
     admm_interval: float | None = None
     """Collaborative ADMM in the stream (``--method admm``): seconds between consensus rounds over the
     agent's partitions (`pipeline.admm_online`); None: off, the method comes from ``--model``."""

@@ -10,7 +10,7 @@ flagged task is not evaluated again. Details: docs/module-notes.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -90,8 +90,15 @@ class OnlineJob:
 
     def checkpoint(self, at: float) -> list[Decision]:
         """Evaluate the job at checkpoint time ``at``; returns one decision per evaluated task."""
+        plan = self.begin_checkpoint(at)
+        plan.fit()
+        return self.end_checkpoint(plan)
+
+    def begin_checkpoint(self, at: float) -> CheckpointPlan:
+        """The first step of `checkpoint`: the checkpoint's data (the method calibrated on it once),
+        and whether the method is refitted on it (`CheckpointPlan.fit`)."""
         if not self.ready():
-            return []
+            return CheckpointPlan(self.method, at)
         finished = self.state.finished_view()
         running = self.state.running_view(at)
         keep = ~running.flagged
@@ -100,7 +107,7 @@ class OnlineJob:
         elapsed = running.elapsed[keep]
         threshold = self.threshold_at(finished.latency, at, running.elapsed)
         if not ids or not math.isfinite(threshold):
-            return []
+            return CheckpointPlan(self.method, at)
         flagged_running = sorted(  # by task id (unique)
             (t, start)
             for t, start, flagged in zip(running.ids, running.start.tolist(), is_flagged, strict=True)
@@ -125,10 +132,21 @@ class OnlineJob:
             self.method.calibrate(data)
             self.calibrated = True
         n_finished = len(finished.latency)
-        if self.model_version == 0 or n_finished >= self.fitted_on * (1.0 + self.refit_growth):
-            self.method.fit(data)
+        refit = self.model_version == 0 or n_finished >= self.fitted_on * (1.0 + self.refit_growth)
+        attempts = [a for a, flagged in zip(running.attempt, is_flagged, strict=True) if not flagged]
+        return CheckpointPlan(self.method, at, data, refit, attempts)
+
+    def end_checkpoint(self, plan: CheckpointPlan) -> list[Decision]:
+        """The last step of `checkpoint`, after ``plan.fit()``: predict, floor, flag."""
+        data = plan.data
+        if data is None:
+            return []
+        if plan.refit:
+            if not plan.fitted:
+                raise RuntimeError(f"job {self.job_id!r}: checkpoint {plan.at} ended before its refit")
             self.model_version += 1
-            self.fitted_on = n_finished
+            self.fitted_on = data.n_finished
+        at, elapsed, threshold = plan.at, data.elapsed_running, data.threshold
         scores = self.method.predict(data)
         if self.method.predicts_latency:
             adjusted = np.maximum(scores.adjusted, elapsed)
@@ -136,15 +154,13 @@ class OnlineJob:
         else:
             adjusted = scores.adjusted
             straggles = scores.is_straggler | (elapsed >= threshold)
-        attempts = [
-            a for a, flagged in zip(running.attempt, running.flagged.tolist(), strict=True) if not flagged
-        ]
         probability = np.where(elapsed >= threshold, 1.0, scores.probability)
         threshold = float(threshold)
         job_id, version = self.job_id, self.model_version
         decisions = []
+        assert data.running_ids is not None
         for task_id, flagged, elapsed_i, raw, adjusted_i, propensity, weight, p, attempt in zip(
-            ids,
+            data.running_ids,
             np.asarray(straggles, dtype=bool).tolist(),
             elapsed.tolist(),
             scores.latency.tolist(),
@@ -152,7 +168,7 @@ class OnlineJob:
             scores.propensity.tolist(),
             scores.weight.tolist(),
             probability.tolist(),
-            attempts,
+            plan.attempts,
             strict=True,
         ):
             if flagged:
@@ -175,3 +191,26 @@ class OnlineJob:
                 )
             )
         return decisions
+
+
+@dataclass
+class CheckpointPlan:
+    """A checkpoint between `OnlineJob.begin_checkpoint` and `OnlineJob.end_checkpoint`.
+
+    `fit` refits the method if the checkpoint is due one; it touches nothing but the job's method
+    and this checkpoint's data, so it may run in another thread while the job is left alone."""
+
+    method: StragglerMethod
+    at: float
+    data: CheckpointData | None = None
+    """None: nothing to evaluate (the job is not ready, no task is running, no threshold yet)."""
+    refit: bool = False
+    attempts: list[int] = field(default_factory=list)
+    """The attempt of each task of ``data.running_ids``."""
+    fitted: bool = False
+
+    def fit(self) -> None:
+        """Refit the method on the checkpoint's data, if due."""
+        if self.refit and self.data is not None:
+            self.method.fit(self.data)
+            self.fitted = True
