@@ -307,6 +307,12 @@ RUNS = (
         )
         for s, seconds in ((60, 360.0), (300, 150.0))
     ),
+    Run(
+        "§10",
+        f"{PYTHON} docs/results/hindsight_frontier.py {SYNTHETIC} "
+        f"--out {RESULTS}nurd-calibrated/hindsight-frontier/frontier.json",
+        567.0,
+    ),
 )
 RUNS_BY_NAME = {run.name: run for run in RUNS}
 
