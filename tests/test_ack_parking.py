@@ -18,7 +18,6 @@ from test_agent_handler import (
     boundary,
     ended,
     evaluations,
-    finished,
     letters,
     running,
     some_finished,
@@ -26,7 +25,15 @@ from test_agent_handler import (
 )
 from test_refit_offloop import OffLoopWorker, interleaved_jobs, parts_of
 
-from pipeline.handler import Acknowledge, Action, GroupFlush, InputRecord, RunRefit, SendPredictionPart, resume
+from pipeline.handler import (
+    Acknowledge,
+    Action,
+    GroupFlush,
+    InputRecord,
+    RunRefit,
+    SendPredictionPart,
+    resume,
+)
 from pipeline.jobstore import SEPARATOR, JobMeta, JobStore
 from schemas import JobEvent
 
@@ -62,7 +69,11 @@ class ParkingWorker(OffLoopWorker):
     def __init__(self, park: bool = True, offload: bool = False) -> None:
         super().__init__(offload=offload)
         self.log: list[Entry] = []
-        self.tables = (LoggedTable("tasks", self.log), LoggedTable("jobs", self.log), LoggedTable("models", self.log))
+        self.tables = (
+            LoggedTable("tasks", self.log),
+            LoggedTable("jobs", self.log),
+            LoggedTable("models", self.log),
+        )
         self.store = JobStore(*self.tables, make_job=self.store.make_job)
         self.handler.store = self.store
         self.handler.park_acknowledgements = park
@@ -143,12 +154,16 @@ def check_write_order(log: list[Entry]) -> int:
         else:
             job = entry[-1] if kind == "prediction" else entry[2]
             if job in row:
-                assert flushed_between(row[job], i), f"{entry} (log {i}) before the job row (log {row[job]}) was acknowledged"
+                assert flushed_between(row[job], i), (
+                    f"{entry} (log {i}) before the job row (log {row[job]}) was acknowledged"
+                )
                 del row[job]
             if kind == "write" and entry[1] == "jobs" and evaluated.get(job) != entry[3]:
                 evaluated[job] = entry[3]
                 if entry[3] is not None:
-                    assert flushed_between(last.get(job, -1), i), f"checkpoint row (log {i}) before its writes were acknowledged"
+                    assert flushed_between(last.get(job, -1), i), (
+                        f"checkpoint row (log {i}) before its writes were acknowledged"
+                    )
                     row[job] = i
                     checked += 1
             last[job] = i
@@ -237,7 +252,9 @@ def without_ends(events: list[Any]) -> list[Any]:
 @pytest.mark.parametrize(
     ("flush_after", "offload"), [(0, False), (1, False), (3, False), (None, False), (1, True), (2, True)]
 )
-def test_decisions_and_tables_are_the_inline_paths(flush_after: int | None, offload: bool, ends: bool) -> None:
+def test_decisions_and_tables_are_the_inline_paths(
+    flush_after: int | None, offload: bool, ends: bool
+) -> None:
     """Two jobs interleaved, flushes ending ``flush_after`` records after they began (refits run
     apart too with ``offload``, ending one record after they began): every prediction part, table
     row and figure is the inline path's, and the write order holds on both paths."""
@@ -252,7 +269,9 @@ def test_decisions_and_tables_are_the_inline_paths(flush_after: int | None, offl
 
     for job_id in (A, B):
         assert parts_of(worker.actions, job_id) == parts_of(inline.actions, job_id)
-        assert len(evaluations([a for a in worker.actions if getattr(a, "key", None) == job_id.encode()])) == 4
+        assert (
+            len(evaluations([a for a in worker.actions if getattr(a, "key", None) == job_id.encode()])) == 4
+        )
     assert worker.tables == inline.tables
     assert (worker.tables == ({}, {}, {})) == ends
     assert worker.handler.stats == inline.handler.stats
