@@ -303,12 +303,13 @@ def create_app(settings: WorkerSettings) -> faust.App:
 
     @app.timer(interval=REFIT_POLL_SECONDS)
     async def conclude_refits_while_idle() -> None:
-        """Refits that end while no record arrives are concluded all the same."""
+        """Refits that end while no record arrives are concluded all the same; parked jobs are flushed
+        for even if the last group flush failed on its way."""
         if refits and refits[0][1].done() and app.flow_control.is_active():
             async with handling:
                 await conclude_refits()
             settle()
-            flush_parked_jobs()
+        flush_parked_jobs()
 
     @app.timer(interval=1.0)
     async def expire_pending() -> None:
