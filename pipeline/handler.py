@@ -47,6 +47,7 @@ from schemas import (
 )
 from straggler.core.decision_event import prediction_parts
 from straggler.core.online import CheckpointPlan, Decision, OnlineJob
+from straggler.core.partitioner import partition_of
 from straggler.kafka.routing import Forward, Reject, route
 
 log = logging.getLogger(__name__)
@@ -206,7 +207,9 @@ class GroupFlush:
     """A flush the worker started (`JobEventHandler.flush_started`): what its end acknowledges and resumes."""
 
     rows: frozenset[str]
-    """The jobs whose job rows were written before it began (`JobStore.unacknowledged`)."""
+    """The jobs whose job rows were written before it began (`JobStore.unacknowledged`). Their
+    acknowledgement retires models: a table write, routed to the partition of the record in hand,
+    so a job's is acknowledged with a parked job of its partition (or by a later flush)."""
     parked: dict[str, _Parked]
     """The jobs parked before it began."""
 
@@ -551,12 +554,24 @@ class JobEventHandler:
         again. Jobs let go meanwhile are not resumed."""
         if self._current is not None:
             raise RuntimeError("a flush is concluded between records, not while one is handled")
-        if error is None:
-            self.store.acknowledged(flush.rows)
+        rows = set(flush.rows)
         for job_id, parked in flush.parked.items():
-            if self._waiting.end(job_id, parked):
-                rest = parked.rest if error is None else _raising(error)
-                yield from self._resumed(job_id, parked.record, parked.entry, rest)
+            if not self._waiting.end(job_id, parked):
+                continue
+            if error is None:
+                partition = parked.record.partition
+                here = {j for j in rows if j == job_id or partition_of(j, self.partitions) == partition}
+                rows -= here
+                rest = self._acknowledged_then(here, parked.rest)
+            else:
+                rest = _raising(error)
+            yield from self._resumed(job_id, parked.record, parked.entry, rest)
+
+    def _acknowledged_then(self, rows: set[str], rest: Iterator[Action]) -> Iterator[Action]:
+        """The job rows of ``rows`` are on the broker (`JobStore.acknowledged`, within the resumed
+        record's routing), then ``rest``."""
+        self.store.acknowledged(rows)
+        yield from rest
 
     def _parkable(
         self, job_id: str, record: InputRecord, entry: _Held | None, actions: Iterator[Action]

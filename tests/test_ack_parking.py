@@ -9,11 +9,13 @@ prediction and flush goes to one log, on which the write order of `pipeline.jobs
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from test_agent_handler import (
+    PARTITIONS,
     acked,
     boundary,
     ended,
@@ -36,25 +38,27 @@ from pipeline.handler import (
 )
 from pipeline.jobstore import SEPARATOR, JobMeta, JobStore
 from schemas import JobEvent
+from straggler.core.partitioner import partition_of
 
 A, B, C = "a", "d", "c"  # a and d on different partitions
 Entry = tuple[Any, ...]
 
 
 class LoggedTable(dict[bytes, bytes]):
-    """A table that logs each write: ("write", table, job, the job row's last evaluated checkpoint)."""
+    """A table that logs each write: ("write", table, job, the job row's last evaluated checkpoint,
+    the partition of the record in hand, where Faust sends it)."""
 
-    def __init__(self, name: str, log: list[Entry]) -> None:
+    def __init__(self, name: str, log: list[Entry], routing: list[int | None]) -> None:
         super().__init__()
-        self.name, self.log = name, log
+        self.name, self.log, self.routing = name, log, routing
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
         evaluated = JobMeta.decode(value).last_evaluated if self.name == "jobs" else None
-        self.log.append(("write", self.name, job_of(key), evaluated))
+        self.log.append(("write", self.name, job_of(key), evaluated, self.routing[-1]))
         super().__setitem__(key, value)
 
     def __delitem__(self, key: bytes) -> None:
-        self.log.append(("write", self.name, job_of(key), None))
+        self.log.append(("write", self.name, job_of(key), None, self.routing[-1]))
         super().__delitem__(key)
 
 
@@ -69,10 +73,12 @@ class ParkingWorker(OffLoopWorker):
     def __init__(self, park: bool = True, offload: bool = False) -> None:
         super().__init__(offload=offload)
         self.log: list[Entry] = []
+        self.routing: list[int | None] = [None]
+        """The partition table writes go to (the record in hand's), innermost last."""
         self.tables = (
-            LoggedTable("tasks", self.log),
-            LoggedTable("jobs", self.log),
-            LoggedTable("models", self.log),
+            LoggedTable("tasks", self.log, self.routing),
+            LoggedTable("jobs", self.log, self.routing),
+            LoggedTable("models", self.log, self.routing),
         )
         self.store = JobStore(*self.tables, make_job=self.store.make_job)
         self.handler.store = self.store
@@ -93,7 +99,16 @@ class ParkingWorker(OffLoopWorker):
             if perform is not None:
                 perform(action)
 
-        return super().send(record, logged)
+        with self.routed(record):
+            return super().send(record, logged)
+
+    @contextmanager
+    def routed(self, record: InputRecord) -> Iterator[None]:
+        self.routing.append(record.partition)
+        try:
+            yield
+        finally:
+            self.routing.pop()
 
     def _resume(self, resumed: Any) -> list[Action]:
         actions: list[Action] = []
@@ -102,7 +117,7 @@ class ParkingWorker(OffLoopWorker):
             self.perform(action)
             actions.append(action)
 
-        asyncio.run(resume(self.handler, resumed, collect))
+        asyncio.run(resume(self.handler, resumed, collect, self.routed))
         return self._seen(actions)
 
     def complete(self, refit: RunRefit, error: BaseException | None = None) -> list[Action]:
@@ -168,6 +183,13 @@ def check_write_order(log: list[Entry]) -> int:
                     checked += 1
             last[job] = i
     return checked
+
+
+def check_routing(log: list[Entry]) -> None:
+    """Each write of a job goes to the job's own partition (its changelogs' partition)."""
+    for entry in log:
+        if entry[0] == "write":
+            assert entry[4] == partition_of(entry[2], PARTITIONS), f"{entry} routed to another partition"
 
 
 def start_with_tasks(worker: ParkingWorker, *jobs: str) -> None:
@@ -263,9 +285,10 @@ def test_decisions_and_tables_are_the_inline_paths(
     replay(inline, events, flush_after=0, refit_after=0)
     worker = ParkingWorker(offload=offload)
     replay(worker, events, flush_after, refit_after=1)
+    assert check_write_order(inline.log) == check_write_order(worker.log) == 8
+    check_routing(worker.log)
     for done in (inline, worker):  # the last job rows acknowledged: models retired alike
-        if done.store.unacknowledged():
-            done.flush()
+        done.store.acknowledged(done.store.unacknowledged())
 
     for job_id in (A, B):
         assert parts_of(worker.actions, job_id) == parts_of(inline.actions, job_id)
@@ -275,7 +298,6 @@ def test_decisions_and_tables_are_the_inline_paths(
     assert worker.tables == inline.tables
     assert (worker.tables == ({}, {}, {})) == ends
     assert worker.handler.stats == inline.handler.stats
-    assert check_write_order(inline.log) == check_write_order(worker.log) == 8
     if flush_after is None:
         assert worker.flushes < inline.flushes
 
