@@ -198,7 +198,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
     handling = asyncio.Lock()
     """One record, or one refit's or flush's conclusion, at a time: the handler has one record in hand."""
     group_flush: asyncio.Task[None] | None = None
-    """The flush for the parked jobs, while it runs (`flush_parked_jobs`)."""
+    """The flush for the parked partitions, while it runs (`flush_parked_jobs`)."""
 
     in_hand: dict[tuple[str, int, int], faust.EventT] = {}
     """The events of the records the handler holds, by topic, partition and offset."""
@@ -282,14 +282,14 @@ def create_app(settings: WorkerSettings) -> faust.App:
             await resume(handler, handler.refit_done(action, future.exception()), perform, routed)
 
     def flush_parked_jobs() -> None:
-        """Start the group flush, unless it runs, if jobs are parked."""
+        """Start the group flush, unless it runs, if partitions are parked."""
         nonlocal group_flush
         if handler.parked() and (group_flush is None or group_flush.done()):
             group_flush = asyncio.ensure_future(flush_for_parked_jobs())
 
     async def flush_for_parked_jobs() -> None:
-        """While jobs are parked: one round trip to the broker for all of them, then resume the jobs
-        parked before it began; the agent goes on handling records meanwhile."""
+        """While partitions are parked: one round trip to the broker for all of them, then resume those
+        parked before it began; the agent goes on handling other partitions' records meanwhile."""
         while handler.parked():
             flush = handler.flush_started()
             error: BaseException | None = None
@@ -303,8 +303,8 @@ def create_app(settings: WorkerSettings) -> faust.App:
 
     @app.timer(interval=REFIT_POLL_SECONDS)
     async def conclude_refits_while_idle() -> None:
-        """Refits that end while no record arrives are concluded all the same; parked jobs are flushed
-        for even if the last group flush failed on its way."""
+        """Refits that end while no record arrives are concluded all the same; parked partitions are
+        flushed for even if the last group flush failed on its way."""
         if refits and refits[0][1].done() and app.flow_control.is_active():
             async with handling:
                 await conclude_refits()

@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--ack-inline",
         action="store_true",
         help="wait for the broker at each checkpoint holding up every job, not in a group flush for the "
-        "jobs that wait (same decisions; to compare)",
+        "partitions that wait (same decisions; to compare)",
     )
     p.add_argument("--seed", type=int, default=0)
     add_metrics_arguments(p)

@@ -10,10 +10,10 @@ until its changes are written, and its offset may be committed only then: `take_
 records done, in offset order per partition (Faust commits the highest contiguous acknowledged
 offset). A job that reaches no checkpoint within ``hold_seconds`` has its changes written anyway.
 
-A refit may run off the event loop (`RunRefit`): its job's later records wait, held, until
-`refit_done` concludes the checkpoint; other jobs' records go on, and no decision changes. So may a
-wait for the broker (`park_acknowledgements`): the job parks until the worker's next group flush
-(`flush_started`, `flush_done`), one round trip for every parked job.
+A refit may run off the event loop (`RunRefit`): its partition's later records wait, held, until
+`refit_done` concludes the checkpoint; other partitions' records go on, and no decision changes. So may
+a wait for the broker (`park_acknowledgements`): the partition parks until the worker's next group
+flush (`flush_started`, `flush_done`), one round trip for every parked partition.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Protocol
 
 import orjson
 
-from pipeline.job_waits import WaitingJobs
 from pipeline.jobstore import JobMeta, JobStore
+from pipeline.partition_waits import WaitingPartitions
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -122,7 +122,7 @@ class Acknowledge:
 
 @dataclass(frozen=True)
 class _Park(Acknowledge):
-    """Within the handler only: the job parks here until the worker's next group flush (`_parkable`)."""
+    """Within the handler only: the partition parks here until the worker's next group flush (`_parkable`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,6 +186,10 @@ class _Refit:
     def __post_init__(self) -> None:
         self.action = RunRefit(self.job.job_id, self.fit, self.entry.record)
 
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
     def fit(self) -> None:
         """The refit (`RunRefit.fit`), timed."""
         started = time.perf_counter()
@@ -195,8 +199,10 @@ class _Refit:
 
 @dataclass(eq=False)
 class _Parked:
-    """A job waiting for the broker: the record in hand when it parked, and the rest of its handling."""
+    """A partition waiting for the broker: the record in hand when it parked (of ``job_id``), and the
+    rest of its handling."""
 
+    job_id: str
     record: InputRecord
     entry: _Held | None
     rest: Iterator[Action]
@@ -209,9 +215,9 @@ class GroupFlush:
     rows: frozenset[str]
     """The jobs whose job rows were written before it began (`JobStore.unacknowledged`). Their
     acknowledgement retires models: a table write, routed to the partition of the record in hand,
-    so a job's is acknowledged with a parked job of its partition (or by a later flush)."""
-    parked: dict[str, _Parked]
-    """The jobs parked before it began."""
+    so a job's is acknowledged when its partition resumes (or by a later flush)."""
+    parked: dict[int, _Parked]
+    """The partitions parked before it began."""
 
 
 class AgentMetrics(Protocol):
@@ -265,16 +271,16 @@ class JobEventHandler:
     hold_seconds: float = HOLD_SECONDS
     idle_seconds: float = IDLE_SECONDS
     offload_refits: bool = False
-    """Hand a checkpoint's refit to the worker (`RunRefit`) instead of running it in `handle`: the job
-    waits for it (`refit_done`) while other jobs' records go on."""
+    """Hand a checkpoint's refit to the worker (`RunRefit`) instead of running it in `handle`: the job's
+    partition waits for it (`refit_done`) while other partitions' records go on."""
     inline_refit_below: int = 0
     """Refits on fewer finished tasks run in `handle` anyway (a thread hop would cost more); where a
     refit runs never changes a decision."""
     park_acknowledgements: bool = False
-    """Where a job must wait for the broker, park it (`flush_done` resumes it) instead of yielding
-    `Acknowledge`: its records wait, held, while other jobs' go on."""
-    _waiting: WaitingJobs[_Refit | _Parked, _Waiting] = field(default_factory=WaitingJobs)
-    """Jobs whose refit runs or that are parked, with their inputs that arrived meanwhile."""
+    """Where a job must wait for the broker, park its partition (`flush_done` resumes it) instead of
+    yielding `Acknowledge`: the partition's records wait, held, while other partitions' go on."""
+    _waiting: WaitingPartitions[_Refit | _Parked, _Waiting] = field(default_factory=WaitingPartitions)
+    """Partitions whose refit runs or that are parked, with their inputs that arrived meanwhile."""
     _last_received: float = float("-inf")
     _held: dict[TopicPartition, deque[_Held]] = field(default_factory=dict)
     """Records not acknowledged yet, per input partition in offset order."""
@@ -334,9 +340,9 @@ class JobEventHandler:
         self._held.clear()
         self.pending.clear()
         self._expiring.clear()
-        for job_id in self._waiting.clear():
+        for wait in self._waiting.clear():
             # its method may still be fitting, or its checkpoint is half done: rebuild it from the tables
-            self.store.forget(job_id)
+            self.store.forget(wait.job_id)
         return records
 
     def overdue(self) -> list[tuple[str, InputRecord]]:
@@ -378,7 +384,7 @@ class JobEventHandler:
             job_id = entry.job_id
             if not entry.waiting or job_id is None or not self.store.has_changes(job_id):
                 continue
-            if self._waiting.waiting_for(job_id) is None:  # a job waiting (refit, broker) writes after
+            if self._waiting.waiting_for(entry.record.partition) is None:  # waiting: written after
                 jobs.setdefault(job_id, entry.record)
         return jobs
 
@@ -524,7 +530,7 @@ class JobEventHandler:
 
     def _on_the_broker(self) -> Iterator[Action]:
         """Return once everything sent so far is on the broker: `flush` inline, or (with
-        `park_acknowledgements`) parked until the worker's next group flush, other jobs going on."""
+        `park_acknowledgements`) parked until the worker's next group flush, other partitions going on."""
         if self.park_acknowledgements:
             yield _PARK
         else:
@@ -536,36 +542,37 @@ class JobEventHandler:
             yield from self._on_the_broker()
 
     def parked(self) -> bool:
-        """Whether jobs wait for the worker's next group flush (`flush_started`)."""
+        """Whether partitions wait for the worker's next group flush (`flush_started`)."""
         return any(isinstance(wait, _Parked) for wait in self._waiting.waits().values())
 
     def flush_started(self) -> GroupFlush:
-        """The worker starts a flush for the parked jobs: hand what it returns to `flush_done`."""
+        """The worker starts a flush for the parked partitions: hand what it returns to `flush_done`."""
         waits = self._waiting.waits().items()
-        parked = {job_id: wait for job_id, wait in waits if isinstance(wait, _Parked)}
+        parked = {partition: wait for partition, wait in waits if isinstance(wait, _Parked)}
         return GroupFlush(self.store.unacknowledged(), parked)
 
     def flush_done(
         self, flush: GroupFlush, error: BaseException | None = None
     ) -> Iterator[tuple[InputRecord, Iterator[Action]]]:
         """``flush`` ended (``error``: how it failed). Yields each record to finish now, as `refit_done`
-        does: for each job parked before the flush began, in order, the record it parked with (the
-        rest of its handling; a failed flush fails it), then the job's queued inputs until it waits
-        again. Jobs let go meanwhile are not resumed."""
+        does: for each partition parked before the flush began, in order, the record it parked with
+        (the rest of its handling; a failed flush fails it), then its queued inputs until it waits
+        again. Partitions let go meanwhile are not resumed."""
         if self._current is not None:
             raise RuntimeError("a flush is concluded between records, not while one is handled")
         rows = set(flush.rows)
-        for job_id, parked in flush.parked.items():
-            if not self._waiting.end(job_id, parked):
+        for partition, parked in flush.parked.items():
+            if not self._waiting.end(partition, parked):
                 continue
             if error is None:
-                partition = parked.record.partition
-                here = {j for j in rows if j == job_id or partition_of(j, self.partitions) == partition}
+                here = {
+                    j for j in rows if j == parked.job_id or partition_of(j, self.partitions) == partition
+                }
                 rows -= here
                 rest = self._acknowledged_then(here, parked.rest)
             else:
                 rest = _raising(error)
-            yield from self._resumed(job_id, parked.record, parked.entry, rest)
+            yield from self._resumed(parked.job_id, parked.record, parked.entry, rest)
 
     def _acknowledged_then(self, rows: set[str], rest: Iterator[Action]) -> Iterator[Action]:
         """The job rows of ``rows`` are on the broker (`JobStore.acknowledged`, within the resumed
@@ -577,21 +584,22 @@ class JobEventHandler:
         self, job_id: str, record: InputRecord, entry: _Held | None, actions: Iterator[Action]
     ) -> Iterator[Action]:
         """``actions`` (handling ``record``, of ``job_id``); where they wait for the broker in parked
-        mode (`_on_the_broker`), the job parks with the rest of them, its record held, until `flush_done`."""
+        mode (`_on_the_broker`), the partition parks with the rest of them, the record held, until
+        `flush_done`."""
         for action in actions:
             if action is _PARK:
                 if entry is not None:
                     entry.waiting = True
-                self._waiting.wait(job_id, _Parked(record, entry, actions))
+                self._waiting.wait(record.partition, _Parked(job_id, record, entry, actions))
                 return
             yield action
 
     def _route(self, record: InputRecord, entry: _Held | None, work: JobInput) -> Iterator[Action]:
-        """Apply ``work`` now, or after what its job waits for (and the job's inputs that wait for it)."""
-        if self._waiting.busy(work.job_id):
+        """Apply ``work`` now, or after what its partition waits for (and the inputs that wait for it)."""
+        if self._waiting.busy(record.partition):
             if entry is not None:
                 entry.waiting = True  # held until applied
-            self._waiting.queue(work.job_id, (record, entry, work))
+            self._waiting.queue(record.partition, (record, entry, work))
         else:
             yield from self._parkable(work.job_id, record, entry, self._dispatch(record, entry, work))
 
@@ -611,40 +619,42 @@ class JobEventHandler:
     ) -> Iterator[tuple[InputRecord, Iterator[Action]]]:
         """``refit`` ran (``error``: what its fit raised). Yields each record to finish now, with what
         finishing it asks (perform it, then `finish` the record, as `process` does): the refit's
-        boundary, whose checkpoint is concluded as `handle` would have, then the job's inputs that
-        waited, in order, until it waits again. Nothing if the job was let go meanwhile."""
+        boundary, whose checkpoint is concluded as `handle` would have, then the partition's inputs
+        that waited, in order, until it waits again. Nothing if the job was let go meanwhile."""
         if self._current is not None:
             raise RuntimeError("a refit is concluded between records, not while one is handled")
-        running = self._waiting.waiting_for(refit.job_id)
+        running = self._waiting.waiting_for(refit.record.partition)
         if not isinstance(running, _Refit) or running.action is not refit:
             return
-        self._waiting.end(refit.job_id, running)
+        self._waiting.end(refit.record.partition, running)
         yield from self._resumed(refit.job_id, refit.record, running.entry, self._conclude(running, error))
 
     def _resumed(
         self, job_id: str, record: InputRecord, entry: _Held | None, rest: Iterator[Action]
     ) -> Iterator[tuple[InputRecord, Iterator[Action]]]:
-        """The job's wait ended: the rest of ``record``'s handling, then its queued inputs in order
-        (each with the record to finish after it), until it waits again."""
+        """The wait of ``record``'s partition ended: the rest of its handling (of ``job_id``), then the
+        partition's queued inputs in order (each with the record to finish after it), until it waits
+        again."""
+        partition = record.partition
         if entry is not None:
             entry.waiting = False
         self._current = entry
         yield record, self._parkable(job_id, record, entry, rest)
-        while (queued := self._waiting.next_input(job_id)) is not None:
+        while (queued := self._waiting.next_input(partition)) is not None:
             record, entry, work = queued
             if entry is not None:
                 entry.waiting = False  # `_dispatch` holds it again if it must
             self._current = entry
-            yield record, self._parkable(job_id, record, entry, self._dispatch(record, entry, work))
+            yield record, self._parkable(work.job_id, record, entry, self._dispatch(record, entry, work))
 
     def _apply_in_order(
         self, job_id: str, inputs: list[tuple[InputRecord, _Held | None, TaskInput]]
     ) -> Iterator[Action]:
         """Apply the job's ``inputs`` (they waited for its start); once one starts a refit, the rest
-        wait for it, ahead of the job's inputs queued already (those came later)."""
-        for i, (_, entry, work) in enumerate(inputs):
-            if self._waiting.waiting_for(job_id) is not None:
-                self._waiting.queue_first(job_id, inputs[i:])  # their entries wait already (`pending`)
+        wait for it, ahead of the partition's inputs queued already (those came later)."""
+        for i, (record, entry, work) in enumerate(inputs):
+            if self._waiting.waiting_for(record.partition) is not None:
+                self._waiting.queue_first(record.partition, inputs[i:])  # entries wait already (`pending`)
                 return
             yield from self._apply(work, entry)
             if entry is not None and not entry.waiting:
@@ -734,7 +744,7 @@ class JobEventHandler:
         assert plan is not None
         if plan.refit and entry is not None and self._offloaded(plan):
             refit = _Refit(plan, job, meta, entry, boundary_produced_at, time.perf_counter() - started)
-            self._waiting.wait(job_id, refit)
+            self._waiting.wait(entry.record.partition, refit)
             entry.waiting = True
             yield refit.action
             return

@@ -1,6 +1,7 @@
-"""Waits for the broker without holding up other jobs, without a broker: a job that must wait parks
-(`JobEventHandler.park_acknowledgements`), its later records queue behind it, and the worker's group
-flush (`flush_started`, then `flush_done`) resumes every job parked before it began.
+"""Waits for the broker without holding up other partitions, without a broker: a job that must wait
+parks its partition (`JobEventHandler.park_acknowledgements`), the partition's later records queue
+behind it, and the worker's group flush (`flush_started`, then `flush_done`) resumes every partition
+parked before it began.
 
 The group flush is a deferred fake: a test decides when each starts and ends. Every table write,
 prediction and flush goes to one log, on which the write order of `pipeline.jobstore` is checked.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -40,7 +42,8 @@ from pipeline.jobstore import SEPARATOR, JobMeta, JobStore
 from schemas import JobEvent
 from straggler.core.partitioner import partition_of
 
-A, B, C = "a", "d", "c"  # a and d on different partitions
+A, B, C = "a", "d", "c"  # on partitions 0, 1 and 2
+SAME_AS_A = "b"  # on partition 0
 Entry = tuple[Any, ...]
 
 
@@ -133,7 +136,7 @@ class ParkingWorker(OffLoopWorker):
         return flush
 
     def end_flush(self, flush: GroupFlush, error: BaseException | None = None) -> list[Action]:
-        """The flush ended: what resuming its parked jobs sent."""
+        """The flush ended: what resuming its parked partitions sent."""
         self.log.append(("flush ended", flush))
         return self._resume(self.handler.flush_done(flush, error))
 
@@ -192,13 +195,16 @@ def check_routing(log: list[Entry]) -> None:
             assert entry[4] == partition_of(entry[2], PARTITIONS), f"{entry} routed to another partition"
 
 
+def jobs_with_tasks(*jobs: str) -> list[Any]:
+    return [e for j in jobs for e in [started(j), *some_finished(j), running("r", 10.0, j)]]
+
+
 def start_with_tasks(worker: ParkingWorker, *jobs: str) -> None:
-    for job_id in jobs:
-        for event in [started(job_id), *some_finished(job_id), running("r", 10.0, job_id)]:
-            worker.feed(event)
+    for event in jobs_with_tasks(*jobs):
+        worker.feed(event)
 
 
-def test_other_jobs_records_are_handled_and_predicted_while_a_job_waits_for_the_broker() -> None:
+def test_other_partitions_records_are_handled_and_predicted_while_a_job_waits_for_the_broker() -> None:
     worker = ParkingWorker()
     start_with_tasks(worker, A, B)
 
@@ -208,7 +214,7 @@ def test_other_jobs_records_are_handled_and_predicted_while_a_job_waits_for_the_
     assert marker.job_id == A and not [a for a in actions if isinstance(a, Acknowledge)]
     assert worker.handler.parked() and worker.committed(A) is None  # the job row waits for the flush
     flush = worker.start_flush()
-    assert worker.feed(running("x", 15.0, A)) == []  # queued behind the parked job
+    assert worker.feed(running("x", 15.0, A)) == []  # queued behind the parked partition
     ((verdicts, marker),) = evaluations(worker.feed(boundary(10.0, B)))
     assert marker.job_id == B and [p.task_id for p in verdicts] == ["r"]
     job_a = worker.store.job(A)
@@ -223,7 +229,7 @@ def test_other_jobs_records_are_handled_and_predicted_while_a_job_waits_for_the_
     assert worker.flushes == 2 and check_write_order(worker.log) == 2
 
 
-def test_one_flush_resumes_every_job_parked_before_it_began() -> None:
+def test_one_flush_resumes_every_partition_parked_before_it_began() -> None:
     worker = ParkingWorker()
     start_with_tasks(worker, A, B, C)
     for job_id in (A, B, C):
@@ -270,17 +276,33 @@ def without_ends(events: list[Any]) -> list[Any]:
     return [e for e in events if not (isinstance(e, JobEvent) and e.event == "ended")]
 
 
+def renamed(events: list[Any], job_id: str, to: str) -> list[Any]:
+    return [replace(e, job_id=to) if e.job_id == job_id else e for e in events]
+
+
+def markers_by_partition(actions: list[Action]) -> dict[int, list[tuple[str, float]]]:
+    """The checkpoints each predictions partition gets, in order (the mitigation consumer relies on it)."""
+    markers: dict[int, list[tuple[str, float]]] = {}
+    for _, marker in evaluations(actions):
+        where = partition_of(marker.job_id, PARTITIONS)
+        markers.setdefault(where, []).append((marker.job_id, marker.checkpoint_time))
+    return markers
+
+
+@pytest.mark.parametrize("other", [B, SAME_AS_A])
 @pytest.mark.parametrize("ends", [True, False])
 @pytest.mark.parametrize(
     ("flush_after", "offload"), [(0, False), (1, False), (3, False), (None, False), (1, True), (2, True)]
 )
 def test_decisions_and_tables_are_the_inline_paths(
-    flush_after: int | None, offload: bool, ends: bool
+    flush_after: int | None, offload: bool, ends: bool, other: str
 ) -> None:
-    """Two jobs interleaved, flushes ending ``flush_after`` records after they began (refits run
-    apart too with ``offload``, ending one record after they began): every prediction part, table
-    row and figure is the inline path's, and the write order holds on both paths."""
-    events = interleaved_jobs() if ends else without_ends(interleaved_jobs())
+    """Two jobs interleaved (``other`` on another partition than A's, or on A's), flushes ending
+    ``flush_after`` records after they began (refits run apart too with ``offload``, ending one record
+    after they began): every prediction part, table row and figure is the inline path's, each
+    partition's markers come in the inline order, and the write order holds on both paths."""
+    events = renamed(interleaved_jobs(), B, other)
+    events = events if ends else without_ends(events)
     inline = ParkingWorker(park=False)
     replay(inline, events, flush_after=0, refit_after=0)
     worker = ParkingWorker(offload=offload)
@@ -290,7 +312,7 @@ def test_decisions_and_tables_are_the_inline_paths(
     for done in (inline, worker):  # the last job rows acknowledged: models retired alike
         done.store.acknowledged(done.store.unacknowledged())
 
-    for job_id in (A, B):
+    for job_id in (A, other):
         assert parts_of(worker.actions, job_id) == parts_of(inline.actions, job_id)
         assert (
             len(evaluations([a for a in worker.actions if getattr(a, "key", None) == job_id.encode()])) == 4
@@ -298,8 +320,32 @@ def test_decisions_and_tables_are_the_inline_paths(
     assert worker.tables == inline.tables
     assert (worker.tables == ({}, {}, {})) == ends
     assert worker.handler.stats == inline.handler.stats
-    if flush_after is None:
-        assert worker.flushes < inline.flushes
+    assert markers_by_partition(worker.actions) == markers_by_partition(inline.actions)
+    if flush_after is None and other != SAME_AS_A:
+        assert worker.flushes < inline.flushes  # one flush for both partitions
+
+
+def test_a_parked_partitions_other_jobs_wait_behind_it_so_its_markers_keep_the_inline_order() -> None:
+    """A's boundary 20 waits for A's job row of 10; the boundary 20 of a job on A's partition, after it,
+    must not be evaluated first: the mitigation consumer relies on markers in checkpoint order per
+    partition (`consumers.fold`)."""
+    events = [*jobs_with_tasks(A, SAME_AS_A), boundary(10.0, A)]
+    events += [running("x", 15.0, A), boundary(20.0, A), running("y", 15.0, SAME_AS_A)]
+    events += [boundary(20.0, SAME_AS_A)]
+    inline, worker = ParkingWorker(park=False), ParkingWorker()
+    for event in events:
+        inline.feed(event)
+    for event in events[:-1]:
+        worker.feed(event)
+    flush = worker.start_flush()
+    assert worker.feed(events[-1]) == [], "waits behind A's records"
+    worker.end_flush(flush)
+    while worker.handler.parked():
+        worker.flush()
+
+    expected = {0: [(A, 10.0), (A, 20.0), (SAME_AS_A, 20.0)]}
+    assert markers_by_partition(inline.actions) == markers_by_partition(worker.actions) == expected
+    assert worker.committed(SAME_AS_A) == 20.0 and check_write_order(worker.log) == 3
 
 
 def test_a_parked_jobs_records_are_applied_in_order_after_it_and_acked_once_written() -> None:
