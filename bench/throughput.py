@@ -153,6 +153,7 @@ def pipeline_rate(
     cumulative: Cumulative,
     method: str = "nurd",
     refit_inline: bool = False,
+    ack_inline: bool = False,
 ) -> dict[str, float]:
     """Run the Faust worker until its committed offsets reach the end; rates between commits."""
     total = sum(ends.values())
@@ -163,6 +164,7 @@ def pipeline_rate(
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as workdir:
         args = ["worker", "--bootstrap", bootstrap, "--topic-prefix", topics.prefix, "--datadir", workdir]
         args += ["--method", method] + (["--refit-inline"] if refit_inline else [])
+        args += ["--ack-inline"] if ack_inline else []
         launched = time.monotonic()
         bar = tqdm(total=total, unit="ev", desc="pipeline (committed)", unit_scale=True)
         try:
@@ -217,6 +219,11 @@ def main() -> int:
     parser.add_argument(
         "--refit-inline", action="store_true", help="the worker refits in its event loop (to compare)"
     )
+    parser.add_argument(
+        "--ack-inline",
+        action="store_true",
+        help="the worker waits for the broker at each checkpoint, every job with it (to compare)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--bootstrap", default=None, help="an existing broker (default: start an embedded one)"
@@ -239,7 +246,15 @@ def main() -> int:
         cumulative: Cumulative = {}
         raw = raw_rate(bootstrap, ends, args.timeout, cumulative)
         pipe = pipeline_rate(
-            bootstrap, topics, ends, out, args.timeout, cumulative, args.method, args.refit_inline
+            bootstrap,
+            topics,
+            ends,
+            out,
+            args.timeout,
+            cumulative,
+            args.method,
+            args.refit_inline,
+            args.ack_inline,
         )
         outputs = sum(topic_end_offsets(bootstrap, [topics.predictions]).values())
         tables = changelog_topics(settings_for(bootstrap, topics))
@@ -259,6 +274,7 @@ def main() -> int:
         "targets": {"pipeline_observations_per_second": 50_000, "output_records_per_observation": 0.05},
         "method": args.method,
         "refit_inline": args.refit_inline,
+        "ack_inline": args.ack_inline,
         "jobs": n_jobs,
         "tasks_per_job": args.tasks,
         "events": sum(ends.values()),

@@ -29,7 +29,7 @@ import copy
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,8 +49,8 @@ from pipeline.handler import (
     SendDeadLetter,
     SendPredictionPart,
     SendTick,
-    conclude,
     process,
+    resume,
 )
 from pipeline.jobstore import JobStore, new_online_job
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
@@ -190,12 +190,15 @@ def create_app(settings: WorkerSettings) -> faust.App:
         metrics=metrics,
         consensus=admm,
         offload_refits=not settings.refit_inline,
+        park_acknowledgements=not settings.ack_inline,
     )
     refit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refit")
     refits: deque[tuple[RunRefit, asyncio.Future[None]]] = deque()
     """Refits handed to the thread, in the order they were started (and will end)."""
     handling = asyncio.Lock()
-    """One record, or one refit's conclusion, at a time: the handler has one record in hand."""
+    """One record, or one refit's or flush's conclusion, at a time: the handler has one record in hand."""
+    group_flush: asyncio.Task[None] | None = None
+    """The flush for the parked partitions, while it runs (`flush_parked_jobs`)."""
 
     in_hand: dict[tuple[str, int, int], faust.EventT] = {}
     """The events of the records the handler holds, by topic, partition and offset."""
@@ -251,6 +254,11 @@ def create_app(settings: WorkerSettings) -> faust.App:
         record = action.record
         await home_topics[record.topic].send(key=record.key, value=record.value, partition=action.partition)
 
+    def routed(record: InputRecord) -> AbstractContextManager[object]:
+        """Table writes within go to ``record``'s partition (unless it was let go)."""
+        event = in_hand.get((record.topic, record.partition, record.offset))
+        return writes_routed_to(event) if event is not None else nullcontext()
+
     @app.agent(inputs)
     async def straggler_agent(stream: faust.StreamT[bytes]) -> None:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
@@ -265,23 +273,43 @@ def create_app(settings: WorkerSettings) -> faust.App:
                 await process(handler, record, perform)
                 await conclude_refits()
             settle()
+            flush_parked_jobs()
 
     async def conclude_refits() -> None:
         """Conclude the refits that ended (their checkpoints' writes go to their boundaries' partitions)."""
         while refits and refits[0][1].done():
             action, future = refits.popleft()
-            record = action.record
-            event = in_hand.get((record.topic, record.partition, record.offset))  # None: let go
-            with writes_routed_to(event) if event is not None else nullcontext():
-                await conclude(handler, action, future.exception(), perform)
+            await resume(handler, handler.refit_done(action, future.exception()), perform, routed)
+
+    def flush_parked_jobs() -> None:
+        """Start the group flush, unless it runs, if partitions are parked."""
+        nonlocal group_flush
+        if handler.parked() and (group_flush is None or group_flush.done()):
+            group_flush = asyncio.ensure_future(flush_for_parked_jobs())
+
+    async def flush_for_parked_jobs() -> None:
+        """While partitions are parked: one round trip to the broker for all of them, then resume those
+        parked before it began; the agent goes on handling other partitions' records meanwhile."""
+        while handler.parked():
+            flush = handler.flush_started()
+            error: BaseException | None = None
+            try:
+                await acknowledged(app.producer)
+            except Exception as failure:  # each resumed record is dead-lettered with it
+                error = failure
+            async with handling:
+                await resume(handler, handler.flush_done(flush, error), perform, routed)
+            settle()
 
     @app.timer(interval=REFIT_POLL_SECONDS)
     async def conclude_refits_while_idle() -> None:
-        """Refits that end while no record arrives are concluded all the same."""
+        """Refits that end while no record arrives are concluded all the same; parked partitions are
+        flushed for even if the last group flush failed on its way."""
         if refits and refits[0][1].done() and app.flow_control.is_active():
             async with handling:
                 await conclude_refits()
             settle()
+        flush_parked_jobs()
 
     @app.timer(interval=1.0)
     async def expire_pending() -> None:

@@ -32,6 +32,7 @@ def _worker(args: argparse.Namespace) -> int:
         datadir=args.datadir,
         admm_interval=args.admm_interval,
         refit_inline=args.refit_inline,
+        ack_inline=args.ack_inline,
     )
     mismatch = _partition_mismatch(settings)
     if mismatch:
@@ -96,6 +97,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--refit-inline",
         action="store_true",
         help="refit in the event loop, holding up every job, not in a thread (same decisions; to compare)",
+    )
+    p.add_argument(
+        "--ack-inline",
+        action="store_true",
+        help="wait for the broker at each checkpoint holding up every job, not in a group flush for the "
+        "partitions that wait (same decisions; to compare)",
     )
     p.add_argument("--seed", type=int, default=0)
     add_metrics_arguments(p)

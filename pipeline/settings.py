@@ -33,7 +33,10 @@ class WorkerSettings:
     datadir: str | None = None
     refit_inline: bool = False
     """Run each refit in the event loop, as the offline evaluator does, instead of in the worker's refit
-    thread (where other jobs' events go on meanwhile); the decisions are the same either way."""
+    thread (where other partitions' events go on meanwhile); the decisions are the same either way."""
+    ack_inline: bool = False
+    """Wait for the broker where the handler must (a checkpoint's predictions, a job's last job row)
+    holding up every job, instead of parking the job's partition until the worker's next group flush."""
     admm_interval: float | None = None
     """Collaborative ADMM in the stream (``--method admm``): seconds between consensus rounds over the
     agent's partitions (`pipeline.admm_online`); None: off, the method comes from ``--model``."""
