@@ -152,8 +152,8 @@ def pipeline_rate(
     timeout: float,
     cumulative: Cumulative,
     method: str = "nurd",
-    refit_inline: bool = False,
-    ack_inline: bool = False,
+    refit_thread: bool = False,
+    park_acks: bool = False,
 ) -> dict[str, float]:
     """Run the Faust worker until its committed offsets reach the end; rates between commits."""
     total = sum(ends.values())
@@ -163,8 +163,8 @@ def pipeline_rate(
     peak_rss = 0
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as workdir:
         args = ["worker", "--bootstrap", bootstrap, "--topic-prefix", topics.prefix, "--datadir", workdir]
-        args += ["--method", method] + (["--refit-inline"] if refit_inline else [])
-        args += ["--ack-inline"] if ack_inline else []
+        args += ["--method", method] + (["--refit-thread"] if refit_thread else [])
+        args += ["--park-acks"] if park_acks else []
         launched = time.monotonic()
         bar = tqdm(total=total, unit="ev", desc="pipeline (committed)", unit_scale=True)
         try:
@@ -217,12 +217,12 @@ def main() -> int:
         help="the worker's method; `reactive` (no model) isolates the framework's own cost",
     )
     parser.add_argument(
-        "--refit-inline", action="store_true", help="the worker refits in its event loop (to compare)"
+        "--refit-thread", action="store_true", help="the worker refits in a thread (to compare)"
     )
     parser.add_argument(
-        "--ack-inline",
+        "--park-acks",
         action="store_true",
-        help="the worker waits for the broker at each checkpoint, every job with it (to compare)",
+        help="the worker parks a waiting partition until a group flush (to compare)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -253,8 +253,8 @@ def main() -> int:
             args.timeout,
             cumulative,
             args.method,
-            args.refit_inline,
-            args.ack_inline,
+            args.refit_thread,
+            args.park_acks,
         )
         outputs = sum(topic_end_offsets(bootstrap, [topics.predictions]).values())
         tables = changelog_topics(settings_for(bootstrap, topics))
@@ -273,8 +273,8 @@ def main() -> int:
         "changelog_records": changelogs,
         "targets": {"pipeline_observations_per_second": 50_000, "output_records_per_observation": 0.05},
         "method": args.method,
-        "refit_inline": args.refit_inline,
-        "ack_inline": args.ack_inline,
+        "refit_thread": args.refit_thread,
+        "park_acks": args.park_acks,
         "jobs": n_jobs,
         "tasks_per_job": args.tasks,
         "events": sum(ends.values()),

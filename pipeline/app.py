@@ -189,8 +189,8 @@ def create_app(settings: WorkerSettings) -> faust.App:
         stats=stats,
         metrics=metrics,
         consensus=admm,
-        offload_refits=not settings.refit_inline,
-        park_acknowledgements=not settings.ack_inline,
+        offload_refits=settings.refit_thread,
+        park_acknowledgements=settings.park_acks,
     )
     refit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refit")
     refits: deque[tuple[RunRefit, asyncio.Future[None]]] = deque()

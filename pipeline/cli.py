@@ -31,8 +31,8 @@ def _worker(args: argparse.Namespace) -> int:
         seed=args.seed,
         datadir=args.datadir,
         admm_interval=args.admm_interval,
-        refit_inline=args.refit_inline,
-        ack_inline=args.ack_inline,
+        refit_thread=args.refit_thread,
+        park_acks=args.park_acks,
     )
     mismatch = _partition_mismatch(settings)
     if mismatch:
@@ -94,15 +94,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1",
     )
     p.add_argument(
-        "--refit-inline",
+        "--refit-thread",
         action="store_true",
-        help="refit in the event loop, holding up every job, not in a thread (same decisions; to compare)",
+        help="refit in a thread while other partitions' events go on, not in the event loop (same decisions)",
     )
     p.add_argument(
-        "--ack-inline",
+        "--park-acks",
         action="store_true",
-        help="wait for the broker at each checkpoint holding up every job, not in a group flush for the "
-        "partitions that wait (same decisions; to compare)",
+        help="wait for the broker at each checkpoint in one group flush for the partitions that wait, not "
+        "holding up every job (same decisions)",
     )
     p.add_argument("--seed", type=int, default=0)
     add_metrics_arguments(p)
