@@ -95,6 +95,21 @@ RUNS = (
         )
         for cs, seconds in ((300, 29.22), (60, 61.69))
     ),
+    # §3, synthetic (re-taken whole after 81adac2, so nothing merged)
+    *(
+        Run("§3", _evaluate(f"{SYNTHETIC} --threshold {th} --workers 2", f"synthetic-{th}"), seconds)
+        for th, seconds in (("online", 330.26), ("oracle", 240.56))
+    ),
+    Run(
+        "§3",
+        _evaluate(
+            "--format synthetic --jobs 15 --seed 0 --threshold online "
+            "--methods od-hbos,od-iforest,od-knn,od-lof,od-pca,od-ocsvm,od-cblof,od-mcd,nurd,reactive "
+            "--workers 2",
+            "synthetic-pyod",
+        ),
+        80.66,
+    ),
     # §3's re-run of NURD after the evidence change (merged into google-*/synthetic-* by merge_rerun.py)
     *(
         Run(
@@ -436,6 +451,8 @@ def list_runs() -> None:
             notes.append("needs ../shared/traces")
         if "start," in run.command:
             notes.append("needs torch")
+        if "od-" in run.command:
+            notes.append("needs pyod")
         if run.setup:
             notes.append("makes its input first")
         print(f"{run.name:45} {run.section:10} {minutes(run.seconds):>9}  {', '.join(notes)}")
