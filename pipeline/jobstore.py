@@ -12,8 +12,7 @@ A killed worker can leave any subset of a checkpoint's writes, so the agent writ
 3. `record_evaluation`: the job row, carrying the checkpoint's flags (they reach a task row with the
    job's next write, so a checkpoint costs no task row of its own);
 4. before anything else of the job is written, the job row is acknowledged (any flush does it:
-   `awaiting_acknowledgement`, `acknowledged`); the job's next write deletes the models it no longer
-   names (a write of the job goes to the job's own changelog partition; a flush may end in another's).
+   `awaiting_acknowledgement`, `acknowledged`), and the models it no longer names are deleted.
 
 A rebuild trusts the job row alone: the model version it names, its flags, no flag after its last
 evaluated checkpoint. Details: docs/module-notes.md.
@@ -138,9 +137,6 @@ class JobStore:
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
     _unacknowledged: set[str] = field(default_factory=set)
     """Jobs whose job row was written and is not known to be on the broker yet."""
-    _retire_due: set[str] = field(default_factory=set)
-    """Jobs whose acknowledged job row names a newer model than some they keep: retired with the job's
-    next write, which goes to the job's own changelog partition."""
     _written: list[object] = field(default_factory=list)
     """What `hold` was given whose changes a task row (or the job's drop) has written since."""
 
@@ -261,7 +257,6 @@ class JobStore:
 
     def write_changes(self, job_id: str) -> int:
         """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
-        self._retire_if_due(job_id)
         cached = self._cache.get(job_id)
         if cached is None:
             return 0
@@ -341,17 +336,10 @@ class JobStore:
         return frozenset(self._unacknowledged)
 
     def acknowledged(self, job_ids: Iterable[str]) -> None:
-        """The job rows of ``job_ids`` (taken before a flush) are on the broker: the models they no
-        longer name are retired with each job's next write. Not here: a flush may be waited for while
-        another partition's record is in hand (or none), and Faust writes a table change to the
-        changelog partition of the record in hand."""
+        """The job rows of ``job_ids`` (taken before a flush) are on the broker: retire the models
+        they no longer name."""
         for job_id in job_ids:
             self._unacknowledged.discard(job_id)
-            self._retire_due.add(job_id)
-
-    def _retire_if_due(self, job_id: str) -> None:
-        if job_id in self._retire_due:
-            self._retire_due.discard(job_id)
             meta = self.meta(job_id)
             if meta is not None:
                 self.retire_models(job_id, keep=meta.model_version)
@@ -379,7 +367,6 @@ class JobStore:
         if cached is not None:
             self._written += cached.holding  # nothing of the job is left to write
         self._unacknowledged.discard(job_id)
-        self._retire_due.discard(job_id)
         return len(keys)
 
 
