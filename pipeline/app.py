@@ -284,7 +284,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
     def flush_parked_jobs() -> None:
         """Start the group flush, unless it runs, if partitions are parked."""
         nonlocal group_flush
-        if handler.parked() and (group_flush is None or group_flush.done()):
+        if settings.park_acks and handler.parked() and (group_flush is None or group_flush.done()):
             group_flush = asyncio.ensure_future(flush_for_parked_jobs())
 
     async def flush_for_parked_jobs() -> None:
@@ -301,7 +301,6 @@ def create_app(settings: WorkerSettings) -> faust.App:
                 await resume(handler, handler.flush_done(flush, error), perform, routed)
             settle()
 
-    @app.timer(interval=REFIT_POLL_SECONDS)
     async def conclude_refits_while_idle() -> None:
         """Refits that end while no record arrives are concluded all the same; parked partitions are
         flushed for even if the last group flush failed on its way."""
@@ -310,6 +309,9 @@ def create_app(settings: WorkerSettings) -> faust.App:
                 await conclude_refits()
             settle()
         flush_parked_jobs()
+
+    if settings.refit_thread or settings.park_acks:  # nothing to look for otherwise
+        app.timer(interval=REFIT_POLL_SECONDS)(conclude_refits_while_idle)
 
     @app.timer(interval=1.0)
     async def expire_pending() -> None:

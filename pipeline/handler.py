@@ -585,7 +585,14 @@ class JobEventHandler:
     ) -> Iterator[Action]:
         """``actions`` (handling ``record``, of ``job_id``); where they wait for the broker in parked
         mode (`_on_the_broker`), the partition parks with the rest of them, the record held, until
-        `flush_done`."""
+        `flush_done`. Without parking, ``actions`` as they are (no wrapper on every record)."""
+        if not self.park_acknowledgements:
+            return actions
+        return self._parking(job_id, record, entry, actions)
+
+    def _parking(
+        self, job_id: str, record: InputRecord, entry: _Held | None, actions: Iterator[Action]
+    ) -> Iterator[Action]:
         for action in actions:
             if action is _PARK:
                 if entry is not None:

@@ -465,7 +465,7 @@ class Nurd(StragglerMethod):
         if scored is None or scored.data is not data:
             X = self.scaler_.transform(data.X_running)
             z = positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
-            scored = self._scored = _RunningScores(data, X, self._guess(X), z, self.propensity_ is not None)
+            scored = self._scored = _RunningScores(data, X, self._guess(X), z)
         return scored
 
     def predict(self, data: CheckpointData) -> Scores:
@@ -526,14 +526,12 @@ class Nurd(StragglerMethod):
 class _RunningScores:
     """A fit's view of one checkpoint's running tasks: scaled features ``X``, the regressor's
     ``guess`` (`Nurd._guess`) and the propensity ``z`` (ones without a propensity model); the survival
-    prior and the percentile on first use."""
+    prior and the percentile (of the fit that made it) on first use."""
 
     data: CheckpointData
     X: FloatArray
     guess: FloatArray
     z: FloatArray
-    weighted: bool
-    """Was there a propensity model (else the density ratio is 1)."""
     _prior: FloatArray | None = None
     _percentile: FloatArray | None = None
 
@@ -544,7 +542,7 @@ class _RunningScores:
 
     def percentile(self, model: Nurd) -> FloatArray:
         if self._percentile is None:
-            ratio = _odds(self.z) if self.weighted else np.ones(len(self.X))
+            ratio = _odds(self.z) if model.propensity_ is not None else np.ones(len(self.X))
             self._percentile = model._percentile(self.guess, ratio)
         return self._percentile
 
