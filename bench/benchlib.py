@@ -78,6 +78,25 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, all threads) a process has used so far, or None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime: fields 14 and 15 of stat
+
+
+def machine_busy_seconds() -> float:
+    """CPU time every core of the machine has spent not idle since boot (all processes, the broker's too)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle, iowait = ticks[3], ticks[4]
+    return (sum(ticks[:8]) - idle - iowait) / _TICKS  # user .. steal; guest time is within user
+
+
 @contextmanager
 def broker(bootstrap: str | None) -> Iterator[str]:
     """The given broker, or an embedded one on 127.0.0.1 for the duration of the block."""

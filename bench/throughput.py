@@ -10,6 +10,8 @@ Method: docs/module-notes.md.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -22,23 +24,26 @@ from benchlib import (
     GroupProgress,
     broker,
     concurrent_jobs,
+    cpu_seconds,
     fresh_prefix,
     machine,
+    machine_busy_seconds,
     rss_kib,
     table,
     topic_end_offsets,
     write_outputs,
 )
 from confluent_kafka import Consumer, TopicPartition
+from faust_floor import OutputShape, floor_settings
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from pipeline.app import changelog_topics
+from pipeline.app import TABLES, changelog_topics, create_changelog_topics
 from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
-from straggler.replay import child_process
+from straggler.replay import child_process, read_topic, stop_child
 
 BATCH = 10_000
 POLL_SECONDS = 0.2
@@ -156,48 +161,105 @@ def pipeline_rate(
     park_acks: bool = False,
 ) -> dict[str, float]:
     """Run the Faust worker until its committed offsets reach the end; rates between commits."""
-    total = sum(ends.values())
     group = app_id(settings_for(bootstrap, topics))
-    progress = GroupProgress(bootstrap, group, list(ends))
-    samples: list[tuple[float, int, int]] = []
-    peak_rss = 0
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as workdir:
         args = ["worker", "--bootstrap", bootstrap, "--topic-prefix", topics.prefix, "--datadir", workdir]
         args += ["--method", method] + (["--refit-thread"] if refit_thread else [])
         args += ["--park-acks"] if park_acks else []
-        launched = time.monotonic()
-        bar = tqdm(total=total, unit="ev", desc="pipeline (committed)", unit_scale=True)
+        with child_process(args, out / "throughput-worker.log") as worker:
+            return committed_rate(bootstrap, group, ends, worker, timeout, cumulative, "pipeline", out)
+
+
+def floor_rate(
+    bootstrap: str,
+    topics: TopicNames,
+    ends: dict[tuple[str, int], int],
+    out: Path,
+    timeout: float,
+    cumulative: Cumulative,
+    shape: OutputShape,
+) -> dict[str, float]:
+    """Run `bench/faust_floor.py` (Faust moving the same records, no work) until it has committed all."""
+    settings = floor_settings(bootstrap, topics.prefix, None)
+    create_changelog_topics(settings)
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as workdir:
+        args = [sys.executable, str(Path(__file__).with_name("faust_floor.py")), "--bootstrap", bootstrap]
+        args += ["--topic-prefix", topics.prefix, "--datadir", workdir, "--shape", shape.to_json()]
+        with (out / "throughput-floor.log").open("wb") as log:
+            floor = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
-            with child_process(args, out / "throughput-worker.log") as worker:
-                deadline = launched + timeout
-                done = 0
-                while done < total and time.monotonic() < deadline:
-                    if worker.poll() is not None:
-                        raise RuntimeError(
-                            f"the worker exited with {worker.returncode}; see its log in {out}"
-                        )
-                    offsets = progress.by_partition()
-                    done = sum(offsets.values())
-                    observed = sum(int(cumulative[tp][offset]) for tp, offset in offsets.items())
-                    now = time.monotonic()
-                    if done and (not samples or done != samples[-1][1]):
-                        samples.append((now, done, observed))
-                        bar.update(done - bar.n)
-                    peak_rss = max(peak_rss, rss_kib(worker.pid) or 0)
-                    time.sleep(POLL_SECONDS)
+            return committed_rate(bootstrap, app_id(settings), ends, floor, timeout, cumulative, "floor", out)
         finally:
-            bar.close()
-            progress.close()
+            stop_child(floor, 30.0)
+
+
+def committed_rate(
+    bootstrap: str,
+    group: str,
+    ends: dict[tuple[str, int], int],
+    worker: subprocess.Popen[bytes],
+    timeout: float,
+    cumulative: Cumulative,
+    name: str,
+    out: Path,
+) -> dict[str, float]:
+    """Watch ``group``'s committed offsets until they reach the end; rates between its commits."""
+    total = sum(ends.values())
+    progress = GroupProgress(bootstrap, group, list(ends))
+    samples: list[tuple[float, int, int, float, float]] = []
+    peak_rss = 0
+    launched = time.monotonic()
+    bar = tqdm(total=total, unit="ev", desc=f"{name} (committed)", unit_scale=True)
+    try:
+        deadline = launched + timeout
+        done = 0
+        while done < total and time.monotonic() < deadline:
+            if worker.poll() is not None:
+                raise RuntimeError(f"the {name} worker exited with {worker.returncode}; see its log in {out}")
+            offsets = progress.by_partition()
+            done = sum(offsets.values())
+            observed = sum(int(cumulative[tp][offset]) for tp, offset in offsets.items())
+            now = time.monotonic()
+            if done and (not samples or done != samples[-1][1]):
+                samples.append((now, done, observed, cpu_seconds(worker.pid) or 0.0, machine_busy_seconds()))
+                bar.update(done - bar.n)
+            peak_rss = max(peak_rss, rss_kib(worker.pid) or 0)
+            time.sleep(POLL_SECONDS)
+    finally:
+        bar.close()
+        progress.close()
     if not samples or samples[-1][1] < total:
         reached = samples[-1][1] if samples else 0
-        raise TimeoutError(f"the worker committed {reached} of {total} events in {timeout:g} s")
-    (first_at, first_done, first_observed), (last_at, last_done, last_observed) = samples[0], samples[-1]
+        raise TimeoutError(f"the {name} worker committed {reached} of {total} events in {timeout:g} s")
+    first, last = samples[0], samples[-1]
+    observed = last[2] - first[2]
+    worker_cpu, machine_cpu = last[3] - first[3], last[4] - first[4]
     return {
-        **rates(last_done - first_done, last_observed - first_observed, last_at - first_at),
-        "startup_seconds": first_at - launched,
+        **rates(last[1] - first[1], observed, last[0] - first[0]),
+        "worker_cpu_seconds": worker_cpu,
+        "machine_cpu_seconds": machine_cpu,
+        "worker_cpu_us_per_observation": 1e6 * worker_cpu / observed if observed else float("nan"),
+        "machine_cpu_us_per_observation": 1e6 * machine_cpu / observed if observed else float("nan"),
+        "startup_seconds": first[0] - launched,
         "worker_peak_rss_mib": peak_rss / 1024,
         "commits_observed": float(len(samples)),
     }
+
+
+def output_shape(bootstrap: str, topics: TopicNames) -> OutputShape:
+    """What the real worker wrote per checkpoint boundary of the input (records, mean bytes)."""
+    boundaries = sum(
+        orjson.loads(value).get("type") == "checkpoint_boundary"
+        for value in read_topic(bootstrap, topics.checkpoints, read_committed=False)
+    )
+
+    def per_boundary(topic: str) -> tuple[float, int]:
+        values = read_topic(bootstrap, topic, read_committed=False)
+        return len(values) / max(boundaries, 1), round(sum(map(len, values)) / max(len(values), 1))
+
+    settings = settings_for(bootstrap, topics)
+    rows = {name: per_boundary(topic) for name, topic in zip(TABLES, changelog_topics(settings), strict=True)}
+    return OutputShape(per_boundary(topics.predictions), rows)
 
 
 def settings_for(bootstrap: str, topics: TopicNames) -> WorkerSettings:
@@ -223,6 +285,11 @@ def main() -> int:
         "--park-acks",
         action="store_true",
         help="the worker parks a waiting partition until a group flush (to compare)",
+    )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the Faust floor (bench/faust_floor.py: the same records in and out, no work)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -259,6 +326,10 @@ def main() -> int:
         outputs = sum(topic_end_offsets(bootstrap, [topics.predictions]).values())
         tables = changelog_topics(settings_for(bootstrap, topics))
         changelogs = sum(topic_end_offsets(bootstrap, tables).values())
+        shape = output_shape(bootstrap, topics)
+        floor = None
+        if not args.no_floor:
+            floor = floor_rate(bootstrap, topics, ends, out, args.timeout, cumulative, shape)
 
     observations = produced.observations_produced
     ratio = pipe["observations_per_second"] / raw["observations_per_second"]
@@ -281,35 +352,54 @@ def main() -> int:
         "events_produced": produced.events_produced,
         "produce_seconds": produced.wall_seconds,
         "prediction_topic_records": outputs,
+        "output_shape": {"predictions": shape.predictions, "rows": shape.rows},
+        "faust_floor": floor,
+        "faust_floor_observations_per_second": floor["observations_per_second"] if floor else None,
         "raw": raw,
         "pipeline": pipe,
         "quick": args.quick,
         "machine": machine(),
     }
+    readers = [("raw consumer (orjson)", raw)]
+    readers += [("Faust floor (same records in and out, no work)", floor)] if floor else []
+    readers += [(f"pipeline (Faust worker, {args.method})", pipe)]
     print()
     print(
         table(
             [
                 [
-                    "raw consumer (orjson)",
-                    raw["observations"],
-                    raw["events"],
-                    raw["seconds"],
-                    raw["observations_per_second"],
-                    raw["events_per_second"],
-                ],
-                [
-                    f"pipeline (Faust worker, {args.method})",
-                    pipe["observations"],
-                    pipe["events"],
-                    pipe["seconds"],
-                    pipe["observations_per_second"],
-                    pipe["events_per_second"],
-                ],
+                    name,
+                    r["observations"],
+                    r["events"],
+                    r["seconds"],
+                    r["observations_per_second"],
+                    r["events_per_second"],
+                    r.get("worker_cpu_us_per_observation", "-"),
+                    r.get("machine_cpu_us_per_observation", "-"),
+                ]
+                for name, r in readers
             ],
-            ["reader", "observations", "records", "seconds", "observations/s", "records/s"],
+            [
+                "reader",
+                "observations",
+                "records",
+                "seconds",
+                "observations/s",
+                "records/s",
+                "worker CPU us/obs",
+                "machine CPU us/obs",
+            ],
         )
     )
+    cores = figures["machine"]["cores"] or 1
+    for name, r in readers[1:]:
+        ceiling = cores * 1e6 / r["machine_cpu_us_per_observation"]
+        figures[f"{'floor' if r is floor else 'pipeline'}_cpu_ceiling_observations_per_second"] = ceiling
+        spent, worker_spent = r["machine_cpu_us_per_observation"], r["worker_cpu_us_per_observation"]
+        print(
+            f"{name}: the machine spent {spent:.1f} us of CPU per observation (worker {worker_spent:.1f}):"
+            f" with all {cores} cores busy with this work, at most {ceiling:,.0f} observations/s"
+        )
     print(
         f"\nratio pipeline / raw = {ratio:.3f} (observations); pipeline target >= 50,000 observations/s\n"
         f"output records (predictions {outputs:,} + changelogs {changelogs:,}) per input observation "
@@ -319,9 +409,9 @@ def main() -> int:
 
     def plot(figure: Figure) -> None:
         ax = figure.add_subplot(1, 1, 1)
-        names = ["raw consumer", "pipeline"]
-        rates = [raw["observations_per_second"], pipe["observations_per_second"]]
-        bars = ax.bar(names, rates, color=["#888888", "#1f77b4"])
+        names = ["raw consumer"] + (["Faust floor"] if floor else []) + ["pipeline"]
+        rates = [r["observations_per_second"] for _, r in readers]
+        bars = ax.bar(names, rates, color=["#888888"] + (["#ff7f0e"] if floor else []) + ["#1f77b4"])
         ax.bar_label(bars, labels=[f"{r:,.0f}/s" for r in rates])
         ax.axhline(50_000, color="red", linestyle="--", label="target: 50,000 observations/s")
         ax.set_ylabel("task observations per second")

@@ -117,9 +117,9 @@ def create_changelog_topics(settings: WorkerSettings) -> list[str]:
     return create_missing_topics(settings.bootstrap, topics)
 
 
-def create_app(settings: WorkerSettings) -> faust.App:
-    """Build the worker's App with its topics, tables, agent and timer."""
-    names = settings.topics
+def faust_app(settings: WorkerSettings) -> faust.App:
+    """An App configured as the worker's (broker, credentials, acknowledgements, commits, recovery),
+    with no topic, table or agent yet: `create_app` adds the worker's, bench/faust_floor.py its own."""
     app = faust.App(
         app_id(settings),
         broker=f"kafka://{settings.bootstrap}",
@@ -143,6 +143,13 @@ def create_app(settings: WorkerSettings) -> faust.App:
     )
     drain_fully(app.producer)  # every commit waits for all buffered rows (`pipeline.durability`)
     keep_queued_records(app.flow_control)  # recovery's second resume must not drop fetched records
+    return app
+
+
+def create_app(settings: WorkerSettings) -> faust.App:
+    """Build the worker's App with its topics, tables, agent and timer."""
+    names = settings.topics
+    app = faust_app(settings)
     inputs = app.topic(names.checkpoints, names.job_events, key_type=bytes, value_type=bytes)
     predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
     dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
