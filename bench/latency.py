@@ -1,7 +1,10 @@
 """Decision latency under load, and the agent's memory per job.
 
 Latency: from a checkpoint boundary's produce time to the last prediction or command it causes, the
-worker and the mitigation consumer as subprocesses, the replay paced at ``--rate`` events per second.
+worker and the mitigation consumer as subprocesses, the replay at a constant speed whose mean load is
+``--rate`` task observations per second (the trace's own shape: the jobs start together, so most
+observations come in a burst far above the mean; the run prints its peak), or with ``--pace steady``
+at that rate every second (which crosses the trace's quiet tail fast: a storm of boundaries).
 Memory: per tracked task (tracemalloc) and the worker's VmRSS. Method: docs/module-notes.md.
 
     .venv/bin/python bench/latency.py [--quick] [--json runs/bench/latency.json] [--bootstrap B]
@@ -102,6 +105,34 @@ def speed_for_rate(traces: list[JobTrace], rate: float) -> tuple[float, int, flo
     return rate * span / events, events, span
 
 
+def offered_peaks(traces: list[JobTrace], steady: bool, rate: float, speed: float) -> dict[str, float]:
+    """The most observations and boundaries the replay offers in one second of wall time.
+
+    Each instant's wall time is where the pacing puts it: ``(T - first T) / speed``, or for a steady
+    replay the observations before it divided by ``rate``. The jobs start together, so the trace's own
+    shape offers most observations in its first minutes, and a steady replay crosses the quiet tail of
+    the trace (a few running tasks per job) so fast that its boundaries come by the thousand per second.
+    """
+    counts: dict[float, list[int]] = {}
+    for trace in traces:
+        for t, running in zip(trace.checkpoints, trace.running_index, strict=True):
+            entry = counts.setdefault(float(t), [0, 0])
+            entry[0] += len(running)
+            entry[1] += 1
+    instants = sorted(counts)
+    observations = np.array([counts[t][0] for t in instants], dtype=float)
+    boundaries = np.array([counts[t][1] for t in instants], dtype=float)
+    if steady:
+        wall = np.concatenate([[0.0], np.cumsum(observations)[:-1]]) / rate
+    else:
+        wall = (np.array(instants) - instants[0]) / speed
+    second = np.floor(wall).astype(np.int64)
+    return {
+        "peak_observations_per_second": float(np.bincount(second, weights=observations).max()),
+        "peak_boundaries_per_second": float(np.bincount(second, weights=boundaries).max()),
+    }
+
+
 OVERLOAD_GROWTH_MS = 1000.0
 """Median latency growing by more than this over a run means a backlog, not a steady state."""
 OVERLOAD_MEDIAN_MS = 1000.0
@@ -164,7 +195,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=None, help="concurrent jobs (default 100, quick 6)")
     parser.add_argument("--tasks", type=int, default=None, help="tasks per job (default 1000, quick 150)")
     parser.add_argument(
-        "--rate", type=float, default=None, help="mean events per second offered (default 300, quick 80)"
+        "--rate", type=float, default=None, help="observations per second offered (default 300, quick 80)"
+    )
+    parser.add_argument(
+        "--pace",
+        choices=("steady", "trace"),
+        default="trace",
+        help="trace: the trace's shape at a constant speed whose mean is --rate (the issue's figures); "
+        "steady: --rate observations every second",
     )
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds of boundaries left out")
     parser.add_argument("--policy", default="unlimited", help="mitigation policy")
@@ -193,7 +231,15 @@ def main() -> int:
     traces = concurrent_jobs(n_jobs, n_tasks, seed=args.seed, checkpoint_seconds=args.checkpoint_seconds)
     speed, expected_events, span = speed_for_rate(traces, rate)
     print(f"{n_jobs} jobs x {n_tasks} tasks: ~{expected_events:,} events over {span:,.0f} s of trace time;")
-    print(f"replay speed {speed:.1f}x -> ~{rate:,.0f} events/s, ~{expected_events / rate:,.0f} s")
+    peaks = offered_peaks(traces, args.pace == "steady", rate, speed)
+    print(
+        f"offered at most {peaks['peak_observations_per_second']:,.0f} observations and "
+        f"{peaks['peak_boundaries_per_second']:,.0f} boundaries in one second of the replay"
+    )
+    if args.pace == "trace":
+        print(f"replay speed {speed:.1f}x -> ~{rate:,.0f} events/s (mean), ~{expected_events / rate:,.0f} s")
+    else:
+        print(f"replay paced at a steady {rate:,.0f} observations/s, ~{expected_events / rate:,.0f} s")
     topics = TopicNames(fresh_prefix("latency"))
     mitigator_group = f"{topics.prefix}mitigation"
     with broker(args.bootstrap) as bootstrap, tempfile.TemporaryDirectory(prefix="bench-latency-") as workdir:
@@ -221,7 +267,9 @@ def main() -> int:
             wait_group_stable(bootstrap, mitigator_group, 120.0)
             idle_rss_kib = rss_kib(worker.pid) or 0
             replay_began = time.time()
-            result = TraceReplayer(traces, bootstrap, topics=topics, speed=speed, seed=args.seed).run()
+            steady = args.pace == "steady"
+            pacing: dict[str, Any] = {"observations_per_second": rate} if steady else {"speed": speed}
+            result = TraceReplayer(traces, bootstrap, topics=topics, seed=args.seed, **pacing).run()
             print("waiting for the worker and the mitigator to drain ...")
             drained = wait_drained(bootstrap, topics, worker_group, mitigator_group, args.timeout)
         outputs = read_outputs(bootstrap, topics)
@@ -265,11 +313,14 @@ def main() -> int:
         "checkpoint_seconds": args.checkpoint_seconds,
         "jobs": n_jobs,
         "tasks_per_job": n_tasks,
-        "offered_rate_events_per_second": rate,
-        "achieved_rate_events_per_second": result.events_produced / result.wall_seconds,
+        "pace": args.pace,
+        "offered_rate_observations_per_second": rate,
+        "offered_peaks": peaks,
+        "achieved_rate_observations_per_second": result.observations_produced / result.wall_seconds,
+        "observations_produced": result.observations_produced,
         "events_produced": result.events_produced,
         "replay_seconds": result.wall_seconds,
-        "replay_speed": speed,
+        "replay_speed": speed if args.pace == "trace" else None,
         "predictions": len(outputs.predictions),
         "relaunch_commands": len(outputs.commands),
         "dead_letters": len(outputs.dead_letters),
@@ -291,8 +342,13 @@ def main() -> int:
                 ["worker marker only p50 / p99 (ms)", _pair(worker_only)],
                 ["boundaries measured", len(latencies)],
                 [
-                    "offered / achieved events/s",
-                    f"{rate:,.0f} / {figures['achieved_rate_events_per_second']:,.0f}",
+                    f"offered ({args.pace}) / achieved observations/s",
+                    f"{rate:,.0f} / {figures['achieved_rate_observations_per_second']:,.0f}",
+                ],
+                [
+                    "offered at most, in one second: observations / boundaries",
+                    f"{peaks['peak_observations_per_second']:,.0f}"
+                    f" / {peaks['peak_boundaries_per_second']:,.0f}",
                 ],
                 [
                     "JobState bytes per task (1k / 10k tasks)",

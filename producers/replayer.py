@@ -328,7 +328,9 @@ class TraceReplayer:
     docs/stream-protocol.md.
 
     ``speed``: 0 replays as fast as the broker takes it; ``s > 0`` waits ``(T - previous T) / s``
-    seconds of wall time between instants, at most `MAX_SLEEP_SECONDS`. ``seed`` selects the relaunch
+    seconds of wall time between instants, at most `MAX_SLEEP_SECONDS`. ``observations_per_second``
+    instead offers a steady load whatever the trace's shape: each instant waits until the observations
+    sent before it have taken their share of wall time (`steady_due`). ``seed`` selects the relaunch
     draws (use the evaluator's seed to compare with it). ``checkpoint_seconds`` is the grid used to add
     checkpoints when a command makes a job outlast its own; by default the smallest spacing of the
     traces' checkpoints. ``batch`` sends each job checkpoint's task observations as ``task_batch``
@@ -349,9 +351,15 @@ class TraceReplayer:
         progress: bool = True,
         checkpoint_seconds: float | None = None,
         batch: bool = True,
+        observations_per_second: float | None = None,
     ) -> None:
         if speed < 0 or not math.isfinite(speed):
             raise ValueError(f"speed must be 0 (as fast as possible) or positive, got {speed}")
+        if observations_per_second is not None:
+            if not (observations_per_second > 0 and math.isfinite(observations_per_second)):
+                raise ValueError(f"observations_per_second must be positive, got {observations_per_second}")
+            if speed > 0 or closed_loop:
+                raise ValueError("observations_per_second paces an open loop: not with speed, closed_loop")
         if wait_timeout <= 0:
             raise ValueError(f"wait_timeout must be positive, got {wait_timeout}")
         ids = [trace.job_id for trace in traces]
@@ -368,6 +376,7 @@ class TraceReplayer:
         self.progress = progress
         self.interval = checkpoint_seconds or _smallest_spacing(self.traces)
         self.batch = batch
+        self.observations_per_second = observations_per_second
         if closed_loop and self.interval is None:
             raise ValueError("closed loop needs checkpoint_seconds: no trace has two checkpoints")
 
@@ -392,7 +401,7 @@ class TraceReplayer:
         seen_commands: set[str] = set()
         bar = tqdm(total=len(heap), unit="instant", disable=not self.progress, desc="replay")
         previous: float | None = None
-        paced_at = time.monotonic()
+        paced_at = steady_from = time.monotonic()
 
         def produce(
             topic: str, job_id: str, payload: bytes, callback: Callable[[KafkaError | None, Message], None]
@@ -423,6 +432,9 @@ class TraceReplayer:
                 active = schedule.pop(t)
                 if previous is not None and self.speed > 0:
                     due = paced_at + min((t - previous) / self.speed, MAX_SLEEP_SECONDS)
+                    time.sleep(max(0.0, due - time.monotonic()))
+                elif self.observations_per_second is not None:
+                    due = steady_due(steady_from, result.observations_produced, self.observations_per_second)
                     time.sleep(max(0.0, due - time.monotonic()))
                 paced_at, previous = time.monotonic(), t
                 starting = [j for j in active if next_k[j] == 0]
@@ -565,6 +577,12 @@ class TraceReplayer:
                 result.commands_ignored += 1
                 result.ignored_reasons[reason] = result.ignored_reasons.get(reason, 0) + 1
         return later
+
+
+def steady_due(began: float, sent: int, observations_per_second: float) -> float:
+    """When the next instant of a steady replay is due: once the ``sent`` observations have had their
+    share of time at the rate since ``began`` (so bursts in the trace are spread out, never sent at once)."""
+    return began + sent / observations_per_second
 
 
 def _require_topics(client: Producer | Consumer, names: Sequence[str]) -> dict[str, list[int]]:

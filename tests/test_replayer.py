@@ -20,6 +20,7 @@ from producers.replayer import (
     TraceReplayer,
     feature_map,
     replay_producer_config,
+    steady_due,
 )
 from schemas import (
     CheckpointBoundary,
@@ -207,6 +208,55 @@ def test_simulated_commands_change_runs_and_extend_the_job() -> None:
 def test_duplicate_job_ids_are_refused() -> None:
     with pytest.raises(ValueError, match="unique"):
         TraceReplayer([make_job(5), make_job(5)], "127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    ("rate", "other", "message"),
+    [
+        (0.0, {}, "positive"),
+        (float("inf"), {}, "positive"),
+        (100.0, {"speed": 2.0}, "not with speed"),
+        (100.0, {"closed_loop": True, "checkpoint_seconds": 60.0}, "not with speed"),
+    ],
+)
+def test_steady_pacing_is_refused_where_it_means_nothing(
+    rate: float, other: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        TraceReplayer([make_job(5)], "127.0.0.1:1", observations_per_second=rate, **other)  # type: ignore[arg-type]
+
+
+def test_steady_due_gives_each_observation_its_share_of_time() -> None:
+    assert steady_due(100.0, 0, 50.0) == 100.0
+    assert steady_due(100.0, 150, 50.0) == 103.0
+
+
+@pytest.mark.broker
+def test_steady_replay_spreads_the_observations(kafka_bootstrap: str, fresh_topic_prefix: str) -> None:
+    """At a steady rate the replay takes at least (observations before its last instant) / rate, and
+    sends what an unpaced replay sends."""
+    create_topics(kafka_bootstrap, partitions=PARTITIONS, prefix=fresh_topic_prefix)
+    topics = TopicNames(fresh_topic_prefix)
+    traces = [make_job(30, seed=0, job_id="job-a"), make_job(20, seed=1, job_id="job-b")]
+    observations = sum(len(r) for t in traces for r in t.running_index)
+    rate = observations / 1.5  # about a second and a half
+    began = time.monotonic()
+    result = TraceReplayer(
+        traces, kafka_bootstrap, topics=topics, progress=False, observations_per_second=rate
+    ).run()
+    took = time.monotonic() - began
+    last_instant = max(float(t.checkpoints[-1]) for t in traces)
+    at_last = sum(
+        len(running)
+        for t in traces
+        for c, running in zip(t.checkpoints, t.running_index, strict=True)
+        if c == last_instant
+    )
+    assert result.observations_produced >= observations
+    assert took >= (observations - at_last) / rate * 0.999
+    records = read_topics(kafka_bootstrap, [topics.checkpoints, topics.job_events])
+    for trace in traces:
+        check_protocol(trace, records, topics)
 
 
 def check_protocol(trace: JobTrace, records: list[Record], topics: TopicNames) -> None:
