@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,61 +150,52 @@ def rates(events: int, observations: int, seconds: float) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class Input:
+    """The replayed input both Faust workers read, and where their logs go."""
+
+    bootstrap: str
+    topics: TopicNames
+    ends: dict[tuple[str, int], int]
+    cumulative: Cumulative
+    out: Path
+    timeout: float
+
+
 def pipeline_rate(
-    bootstrap: str,
-    topics: TopicNames,
-    ends: dict[tuple[str, int], int],
-    out: Path,
-    timeout: float,
-    cumulative: Cumulative,
-    method: str = "nurd",
-    refit_thread: bool = False,
-    park_acks: bool = False,
+    given: Input, method: str = "nurd", refit_thread: bool = False, park_acks: bool = False
 ) -> dict[str, float]:
     """Run the Faust worker until its committed offsets reach the end; rates between commits."""
-    group = app_id(settings_for(bootstrap, topics))
+    group = app_id(settings_for(given.bootstrap, given.topics))
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as workdir:
-        args = ["worker", "--bootstrap", bootstrap, "--topic-prefix", topics.prefix, "--datadir", workdir]
-        args += ["--method", method] + (["--refit-thread"] if refit_thread else [])
+        args = ["worker", "--bootstrap", given.bootstrap, "--topic-prefix", given.topics.prefix]
+        args += ["--datadir", workdir, "--method", method] + (["--refit-thread"] if refit_thread else [])
         args += ["--park-acks"] if park_acks else []
-        with child_process(args, out / "throughput-worker.log") as worker:
-            return committed_rate(bootstrap, group, ends, worker, timeout, cumulative, "pipeline", out)
+        with child_process(args, given.out / "throughput-worker.log") as worker:
+            return committed_rate(given, group, worker, "pipeline")
 
 
-def floor_rate(
-    bootstrap: str,
-    topics: TopicNames,
-    ends: dict[tuple[str, int], int],
-    out: Path,
-    timeout: float,
-    cumulative: Cumulative,
-    shape: OutputShape,
-) -> dict[str, float]:
+def floor_rate(given: Input, shape: OutputShape) -> dict[str, float]:
     """Run `bench/faust_floor.py` (Faust moving the same records, no work) until it has committed all."""
-    settings = floor_settings(bootstrap, topics.prefix, None)
+    settings = floor_settings(given.bootstrap, given.topics.prefix, None)
     create_changelog_topics(settings)
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as workdir:
-        args = [sys.executable, str(Path(__file__).with_name("faust_floor.py")), "--bootstrap", bootstrap]
-        args += ["--topic-prefix", topics.prefix, "--datadir", workdir, "--shape", shape.to_json()]
-        with (out / "throughput-floor.log").open("wb") as log:
+        args = [sys.executable, str(Path(__file__).with_name("faust_floor.py"))]
+        args += ["--bootstrap", given.bootstrap, "--topic-prefix", given.topics.prefix, "--datadir", workdir]
+        args += ["--shape", shape.to_json()]
+        with (given.out / "throughput-floor.log").open("wb") as log:
             floor = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
-            return committed_rate(bootstrap, app_id(settings), ends, floor, timeout, cumulative, "floor", out)
+            return committed_rate(given, app_id(settings), floor, "floor")
         finally:
             stop_child(floor, 30.0)
 
 
-def committed_rate(
-    bootstrap: str,
-    group: str,
-    ends: dict[tuple[str, int], int],
-    worker: subprocess.Popen[bytes],
-    timeout: float,
-    cumulative: Cumulative,
-    name: str,
-    out: Path,
-) -> dict[str, float]:
+def committed_rate(given: Input, group: str, worker: subprocess.Popen[bytes], name: str) -> dict[str, float]:
     """Watch ``group``'s committed offsets until they reach the end; rates between its commits."""
+    bootstrap, ends, cumulative, out, timeout = (
+        given.bootstrap, given.ends, given.cumulative, given.out, given.timeout
+    )
     total = sum(ends.values())
     progress = GroupProgress(bootstrap, group, list(ends))
     samples: list[tuple[float, int, int, float, float]] = []
@@ -312,24 +304,15 @@ def main() -> int:
         ends = topic_end_offsets(bootstrap, [topics.checkpoints, topics.job_events])
         cumulative: Cumulative = {}
         raw = raw_rate(bootstrap, ends, args.timeout, cumulative)
-        pipe = pipeline_rate(
-            bootstrap,
-            topics,
-            ends,
-            out,
-            args.timeout,
-            cumulative,
-            args.method,
-            args.refit_thread,
-            args.park_acks,
-        )
+        given = Input(bootstrap, topics, ends, cumulative, out, args.timeout)
+        pipe = pipeline_rate(given, args.method, args.refit_thread, args.park_acks)
         outputs = sum(topic_end_offsets(bootstrap, [topics.predictions]).values())
         tables = changelog_topics(settings_for(bootstrap, topics))
         changelogs = sum(topic_end_offsets(bootstrap, tables).values())
         shape = output_shape(bootstrap, topics)
         floor = None
         if not args.no_floor:
-            floor = floor_rate(bootstrap, topics, ends, out, args.timeout, cumulative, shape)
+            floor = floor_rate(given, shape)
 
     observations = produced.observations_produced
     ratio = pipe["observations_per_second"] / raw["observations_per_second"]
