@@ -1,25 +1,16 @@
 """The Faust worker: one App, one agent partitioned by job id, NURD at every checkpoint boundary.
 
-The agent only moves events: ``task-checkpoints`` and ``job-events`` in, decoded and validated
-(`schemas`), fed to the job's `OnlineJob` (the evaluator's own), verdicts out as ``prediction_batch``
-records on ``straggler-predictions``, undecodable records to ``dead-letters``. Live jobs are evaluated
-on a timer that publishes a boundary into the job's own partition; a record on a foreign partition is
-first forwarded to its job's (`straggler.kafka.routing`).
-
     task-checkpoints + job-events --> [agent: decode, validate, update, evaluate] --> straggler-predictions
                                                  \\--> dead-letters (anything that fails to decode)
 
 The agent only moves events: it decodes and validates them (`schemas`), feeds task observations
-(single ``task_checkpoint`` records or ``task_batch`` records of many) to the job's `OnlineJob`
-(`straggler.core.online`, the same object the offline evaluator drives), and, at a checkpoint
-boundary, publishes the checkpoint's verdicts as ``prediction_batch`` records (one per job
-checkpoint, in parts within 64 KiB; the last part completes the checkpoint). Jobs that send no
-boundaries (live telemetry) are evaluated on a timer: the timer publishes a boundary into the job's
-own partition, so every evaluation happens in-stream, where table writes go to the right changelog
-partition. A record that arrived on a partition other than its job's (a foreign producer's
-partitioner) is first forwarded there, unchanged (`straggler.kafka.routing`), so a job's state and
-ticks live on one partition whoever produced it. What each record asks is decided by
-`pipeline.handler`; this module performs it with Faust.
+(``task_checkpoint`` or ``task_batch`` records) to the job's `OnlineJob` (`straggler.core.online`, the
+object the offline evaluator drives), and at a checkpoint boundary publishes the verdicts as
+``prediction_batch`` records (one per job checkpoint, in parts within 64 KiB; the last part completes
+the checkpoint). Jobs that send no boundaries (live telemetry) are evaluated on a timer that publishes a
+boundary into the job's own partition, so every table write goes to the right changelog partition; a
+record on a foreign partition is first forwarded to its job's (`straggler.kafka.routing`). What each
+record asks is decided by `pipeline.handler`; this module performs it with Faust.
 """
 
 from __future__ import annotations
