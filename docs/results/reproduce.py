@@ -102,7 +102,7 @@ RUNS = (
             ),
             seconds,
         )
-        for th, seconds in (("online", 581.20), ("oracle", 507.37))
+        for th, seconds in (("online", 430.23), ("oracle", 507.37))
     ),
     *(
         Run(
