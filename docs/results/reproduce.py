@@ -83,7 +83,7 @@ RUNS = (
         ),
         86.64,
     ),
-    # re-taken whole on the evaluator of 1cf8d1c, so no longer merged by merge_rerun.py
+    # §1-2's protocol runs, re-taken whole on 1cf8d1c (no row merged by merge_rerun.py any more)
     *(
         Run(
             "§1",
@@ -102,7 +102,7 @@ RUNS = (
             ),
             seconds,
         )
-        for th, seconds in (("online", 430.23), ("oracle", 507.37))
+        for th, seconds in (("online", 430.23), ("oracle", 381.22))
     ),
     *(
         Run(
@@ -197,6 +197,11 @@ RUNS = (
                 29.08,
             ),
         )
+    ),
+    Run(
+        "§4",
+        f"{PYTHON} docs/results/feature_skill.py {SYNTHETIC} --out {RESULTS}feature-skill/synthetic-40.json",
+        8.0,
     ),
     # §5
     Run(
