@@ -116,6 +116,20 @@ RUNS = (
         )
         for cs, seconds in ((300, 29.22), (60, 61.69))
     ),
+    *(
+        Run(
+            "§2",
+            f"{PYTHON} docs/results/trace_stats.py {GOOGLE} --checkpoint-seconds {cs}{limit} "
+            f"--out {RESULTS}trace-stats/google-{cs}s{suffix}.json",
+            seconds,
+        )
+        for cs, limit, suffix, seconds in (
+            (300, "", "", 14.01),
+            (300, " --max-jobs 150", "-150-largest", 13.01),
+            (60, "", "", 22.01),
+            (60, " --max-jobs 150", "-150-largest", 20.01),
+        )
+    ),
     # §3, synthetic (re-taken whole after 81adac2, so nothing merged)
     *(
         Run("§3", _evaluate(f"{SYNTHETIC} --threshold {th} --workers 2", f"synthetic-{th}"), seconds)
@@ -203,6 +217,12 @@ RUNS = (
         f"{PYTHON} docs/results/feature_skill.py {SYNTHETIC} --out {RESULTS}feature-skill/synthetic-40.json",
         8.0,
     ),
+    Run(
+        "§4",
+        f"{PYTHON} docs/results/feature_skill.py {GOOGLE} --max-jobs 150 "
+        f"--out {RESULTS}feature-skill/google-150-largest.json",
+        29.01,
+    ),
     # §5
     Run(
         "§5",
@@ -234,6 +254,12 @@ RUNS = (
         "§6",
         f"{PYTHON} docs/results/start/start_mape.py {SYNTHETIC} --out {RESULTS}start/mape-synthetic.json",
         76.03,
+    ),
+    Run(
+        "§6",
+        f"{PYTHON} docs/results/start/start_mape.py {GOOGLE} --checkpoint-seconds 300 "
+        f"--out {RESULTS}start/mape-google-300s.json",
+        61.03,
     ),
     *(
         Run(
