@@ -380,6 +380,37 @@ RUNS = (
     ),
     Run(
         "§10",
+        f"{PYTHON} docs/results/early_signal.py --jobs 40 --out {RESULTS}nurd-calibrated/early-signal.json",
+        60.0,
+        measured=False,
+    ),
+    Run(
+        "§10",
+        f"{PYTHON} docs/results/feature_rank.py --format synthetic --jobs 40 "
+        f"--out {RESULTS}nurd-calibrated/feature-rank-synthetic.json",
+        30.0,
+        measured=False,
+    ),
+    Run(
+        "§10",
+        f"{PYTHON} docs/results/feature_rank.py {GOOGLE} --jobs 20 --checkpoint-seconds 60 "
+        f"--out {RESULTS}nurd-calibrated/feature-rank-google-60s.json",
+        60.0,
+        measured=False,
+    ),
+    Run(
+        "§10",
+        f"{PYTHON} docs/results/feature_rank.py --format google-2011-usage --trace /tmp/usage60 --jobs 20 "
+        f"--checkpoint-seconds 300 --out {RESULTS}nurd-calibrated/feature-rank-usage-generated.json",
+        30.0,
+        measured=False,
+        setup=(
+            f"{PYTHON} scripts/make_usage_trace.py --jobs 60 --seed 7 --window-seconds 300 "
+            "--out /tmp/usage60",
+        ),
+    ),
+    Run(
+        "§10",
         f"{PYTHON} docs/results/hindsight_frontier.py {SYNTHETIC} "
         f"--out {RESULTS}nurd-calibrated/hindsight-frontier/frontier.json",
         567.0,
@@ -473,6 +504,19 @@ def run_command(argv: Sequence[str], log: Path, bar: tqdm, budget: int) -> tuple
     return child.returncode, time.monotonic() - started
 
 
+def unmoved(value: Any, scratch: Path) -> Any:
+    """``value`` with the ``/tmp`` paths `argv_for` moved under ``scratch`` named as the command names
+    them (a script that records its command, such as feature_rank.py, writes the path it was given)."""
+    moved = f"{scratch}/tmp/"
+    if isinstance(value, str):
+        return value.replace(moved, "/tmp/")
+    if isinstance(value, list):
+        return [unmoved(v, scratch) for v in value]
+    if isinstance(value, dict):
+        return {key: unmoved(v, scratch) for key, v in value.items()}
+    return value
+
+
 def reproduce(run: Run, scratch: Path, workers: int | None, bar: tqdm) -> tuple[str, list[str], float]:
     """Re-run one run into ``scratch``; its status, the report lines, and the wall clock it took."""
     log = scratch / "logs" / (run.name.replace("/", "__") + ".log")
@@ -489,7 +533,7 @@ def reproduce(run: Run, scratch: Path, workers: int | None, bar: tqdm) -> tuple[
             tail = log.read_text().splitlines()[-15:]
             return "failed", [f"exit code {code}: {shlex.join(argv)}", *tail], elapsed
     committed = json.loads((ROOT / run.output).read_text())
-    new = json.loads((scratch / run.output).read_text())
+    new = unmoved(json.loads((scratch / run.output).read_text()), scratch)
     found = list(differences(committed, new))
     timed = [path for path, _, _ in found if path.rsplit("/", 1)[-1] in WALL_CLOCK_KEYS]
     found = [(path, old, value) for path, old, value in found if path not in timed]
