@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -44,11 +43,13 @@ from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
-from straggler.replay import child_process, read_topic, stop_child
+from straggler.replay import child_process, read_topic
 
 BATCH = 10_000
 POLL_SECONDS = 0.2
 MAX_RAW_PASSES = 50
+MIN_COMMITS = 8
+"""Fewer commits than this in a window (the worker commits every second): its rate is not resolved."""
 
 
 Cumulative = dict[tuple[str, int], np.ndarray]
@@ -180,15 +181,11 @@ def floor_rate(given: Input, shape: OutputShape) -> dict[str, float]:
     settings = floor_settings(given.bootstrap, given.topics.prefix, None)
     create_changelog_topics(settings)
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as workdir:
-        args = [sys.executable, str(Path(__file__).with_name("faust_floor.py"))]
-        args += ["--bootstrap", given.bootstrap, "--topic-prefix", given.topics.prefix, "--datadir", workdir]
+        args = ["--bootstrap", given.bootstrap, "--topic-prefix", given.topics.prefix, "--datadir", workdir]
         args += ["--shape", shape.to_json()]
-        with (given.out / "throughput-floor.log").open("wb") as log:
-            floor = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        try:
+        script = [str(Path(__file__).with_name("faust_floor.py"))]
+        with child_process(args, given.out / "throughput-floor.log", program=script) as floor:
             return committed_rate(given, app_id(settings), floor, "floor")
-        finally:
-            stop_child(floor, 30.0)
 
 
 def committed_rate(given: Input, group: str, worker: subprocess.Popen[bytes], name: str) -> dict[str, float]:
@@ -383,6 +380,9 @@ def main() -> int:
             f"{name}: the machine spent {spent:.1f} us of CPU per observation (worker {worker_spent:.1f}):"
             f" with all {cores} cores busy with this work, at most {ceiling:,.0f} observations/s"
         )
+        if r["commits_observed"] < MIN_COMMITS:
+            commits = r["commits_observed"]
+            print(f"  (a window of {commits:.0f} commits, 1 s apart: too short to resolve; use --jobs 60)")
     print(
         f"\nratio pipeline / raw = {ratio:.3f} (observations); pipeline target >= 50,000 observations/s\n"
         f"output records (predictions {outputs:,} + changelogs {changelogs:,}) per input observation "

@@ -46,15 +46,23 @@ from straggler.kafka.names import TopicNames
 from straggler.kafka.offsets import end_offset
 from straggler.simulation import checkpoint_interval, limit_outcome
 
+STRAGGLER_COMMAND = ("-m", "straggler.cli")
+"""What Python runs for ``straggler ARGS``."""
+
 
 def start_cli(
-    args: Sequence[str], log_path: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None
+    args: Sequence[str],
+    log_path: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    program: Sequence[str] = STRAGGLER_COMMAND,
 ) -> subprocess.Popen[bytes]:
-    """Start ``python -m straggler.cli ARGS``, unbuffered, its stdout and stderr written to ``log_path``
-    (``env``: variables added to this process's environment)."""
+    """Start ``python -m straggler.cli ARGS`` (or ``python PROGRAM ARGS``), unbuffered, its stdout and
+    stderr written to ``log_path`` (``env``: variables added to this process's environment)."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "straggler.cli", *args],
+            [sys.executable, *program, *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
@@ -78,10 +86,15 @@ def stop_child(
 
 @contextmanager
 def child_process(
-    args: Sequence[str], log_path: Path, *, stop_timeout: float = 30.0
+    args: Sequence[str],
+    log_path: Path,
+    *,
+    stop_timeout: float = 30.0,
+    program: Sequence[str] = STRAGGLER_COMMAND,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python -m straggler.cli ARGS`` until the block ends, then SIGTERM (SIGKILL if it hangs)."""
-    process = start_cli(args, log_path)
+    """Run ``python -m straggler.cli ARGS`` (or ``python PROGRAM ARGS``) until the block ends, then
+    SIGTERM (SIGKILL if it hangs)."""
+    process = start_cli(args, log_path, program=program)
     try:
         yield process
     finally:
