@@ -41,7 +41,8 @@ from schemas import (
     encode,
     task_batches,
 )
-from straggler.core.jobtrace import FloatArray, JobTrace
+from straggler.core.arrays import FloatArray
+from straggler.core.jobtrace import JobTrace
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from schemas import command_id
+from straggler.core.arrays import BoolArray, FloatArray, IntArray
 from straggler.core.jobstate import JobState
-from straggler.core.jobtrace import BoolArray, FloatArray, IntArray, JobTrace
+from straggler.core.jobtrace import JobTrace
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.policies import Action, Limited, MitigationPolicy, Unlimited
 from straggler.core.threshold import oracle_threshold

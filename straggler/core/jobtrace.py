@@ -21,11 +21,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from numpy.typing import NDArray
 
-FloatArray = NDArray[np.float64]
-IntArray = NDArray[np.int64]
-BoolArray = NDArray[np.bool_]
+from straggler.core.arrays import BoolArray, FloatArray, IntArray
 
 
 def checkpoint_grid(first_start: float, last_end: float, interval: float) -> FloatArray:
