@@ -582,7 +582,8 @@ class TraceReplayer:
 
 def steady_due(began: float, sent: int, observations_per_second: float) -> float:
     """When the next instant of a steady replay is due: once the ``sent`` observations have had their
-    share of time at the rate since ``began`` (so bursts in the trace are spread out, never sent at once)."""
+    share of time at the rate since ``began``, so the trace's bursts are spread over time (an instant's
+    own observations still go together)."""
     return began + sent / observations_per_second
 
 
