@@ -34,6 +34,7 @@ from straggler.kafka.config import (
     consumer_config,
     producer_config,
 )
+from straggler.kafka.offsets import end_offset
 from straggler.kafka.topics import create_missing_topics
 
 ADMIN_TIMEOUT_S = 30.0
@@ -44,12 +45,12 @@ def ensure_exchange_topic(bootstrap: str, topic: str) -> None:
     create_missing_topics(bootstrap, [NewTopic(topic, num_partitions=1, replication_factor=1)])
 
 
-def end_offset(bootstrap: str, topic: str) -> int:
-    """The exchange partition's current end: a run reads only what is written after it."""
+def exchange_end(bootstrap: str, topic: str) -> int:
+    """The exchange partition's current end: a run reads only what is written after it (asked again
+    while the just-created topic has no leader yet, `straggler.kafka.offsets.end_offset`)."""
     consumer = Consumer(consumer_config(bootstrap, f"admm-probe-{uuid.uuid4().hex}"))
     try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=ADMIN_TIMEOUT_S)
-        return int(high)
+        return end_offset(consumer, TopicPartition(topic, 0), ADMIN_TIMEOUT_S)
     finally:
         consumer.close()
 
@@ -152,7 +153,7 @@ def run_kafka_consensus(
     how long a round may take); raises if any node fails or a round times out, and if the nodes
     disagree on the final weights (they cannot, unless a record was lost or altered)."""
     ensure_exchange_topic(bootstrap, topic)
-    start = end_offset(bootstrap, topic)
+    start = exchange_end(bootstrap, topic)
     run = run_id or uuid.uuid4().hex
     n = len(node_datasets)
     abort = threading.Event()

@@ -49,3 +49,19 @@ def test_end_offsets_come_from_one_request_and_a_partition_without_an_answer_is_
     asked_alone = _NoBatchAnswer(KafkaError.LEADER_NOT_AVAILABLE)
     assert end_offsets(asked_alone, "t", [0, 1], timeout=5.0) == {0: 5, 1: 5}  # type: ignore[arg-type]
     assert asked_alone.codes == []  # the refusal was asked again
+
+
+def test_the_admm_exchange_asks_its_new_topics_end_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pipeline.admm_exchange` reads the end of a topic it has just created: it must wait out the
+    election too (it once asked once, and failed with NOT_LEADER_FOR_PARTITION under load)."""
+    import pipeline.admm_exchange as exchange
+
+    class Refusing(_RefusingConsumer):
+        def __init__(self, config: object) -> None:
+            super().__init__(KafkaError.NOT_LEADER_FOR_PARTITION)
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(exchange, "Consumer", Refusing)
+    assert exchange.exchange_end("127.0.0.1:1", "t-exchange") == 5
