@@ -56,13 +56,14 @@ Cumulative = dict[tuple[str, int], np.ndarray]
 """Per partition, observations carried by the records before each offset (index: offset)."""
 
 
-def observations_in(value: bytes) -> int:
-    """Task observations in one decoded record: a batch's count, 1 for a single task event, else 0."""
+def carried_by(value: bytes) -> tuple[int, bool]:
+    """One decoded record's task observations (a batch's count, 1 for a single task event, else 0) and
+    whether it is a checkpoint boundary."""
     obj = orjson.loads(value)
     kind = obj.get("type") if isinstance(obj, dict) else None
     if kind == "task_batch":
-        return len(obj.get("observations", ()))
-    return 1 if kind == "task_checkpoint" else 0
+        return len(obj.get("observations", ())), False
+    return (1 if kind == "task_checkpoint" else 0), kind == "checkpoint_boundary"
 
 
 def raw_rate(
@@ -94,6 +95,7 @@ def raw_rate(
     per_offset = {tp: np.zeros(end, dtype=np.int64) for tp, end in ends.items()}
     began: float | None = None
     decoded_bytes = 0
+    boundaries = 0
     deadline = time.monotonic() + timeout
     bar = tqdm(total=total, unit="ev", desc="raw consumer", unit_scale=True)
     try:
@@ -109,10 +111,11 @@ def raw_rate(
                     if message.error() is not None:
                         continue
                     value = message.value() or b""
-                    carried = observations_in(value)
+                    carried, boundary = carried_by(value)
                     if passes == 0:
                         where = (message.topic() or "", message.partition() or 0)
                         per_offset[where][message.offset() or 0] = carried
+                        boundaries += boundary
                     decoded_bytes += len(value)
                     good += 1
                     good_observations += carried
@@ -137,6 +140,7 @@ def raw_rate(
         **rates(counted, counted_observations, ended - began),
         "passes": float(passes),
         "mean_event_bytes": decoded_bytes / max(passes * total, 1),
+        "boundaries": float(boundaries),
     }
 
 
@@ -235,12 +239,8 @@ def committed_rate(given: Input, group: str, worker: subprocess.Popen[bytes], na
     }
 
 
-def output_shape(bootstrap: str, topics: TopicNames) -> OutputShape:
+def output_shape(bootstrap: str, topics: TopicNames, boundaries: int) -> OutputShape:
     """What the real worker wrote per checkpoint boundary of the input (records, mean bytes)."""
-    boundaries = sum(
-        orjson.loads(value).get("type") == "checkpoint_boundary"
-        for value in read_topic(bootstrap, topics.checkpoints, read_committed=False)
-    )
 
     def per_boundary(topic: str) -> tuple[float, int]:
         values = read_topic(bootstrap, topic, read_committed=False)
@@ -306,7 +306,7 @@ def main() -> int:
         outputs = sum(topic_end_offsets(bootstrap, [topics.predictions]).values())
         tables = changelog_topics(settings_for(bootstrap, topics))
         changelogs = sum(topic_end_offsets(bootstrap, tables).values())
-        shape = output_shape(bootstrap, topics)
+        shape = output_shape(bootstrap, topics, int(raw["boundaries"]))
         floor = None
         if not args.no_floor:
             floor = floor_rate(given, shape)
