@@ -837,16 +837,6 @@ async def process(
         await _perform_handling(handler, record, handler.handle(record, admitted), perform)
 
 
-async def conclude(
-    handler: JobEventHandler,
-    refit: RunRefit,
-    error: BaseException | None,
-    perform: Callable[[Action], Awaitable[None]],
-) -> None:
-    """Conclude a refit that ran apart (`JobEventHandler.refit_done`). Call it between records."""
-    await resume(handler, handler.refit_done(refit, error), perform)
-
-
 async def resume(
     handler: JobEventHandler,
     resumed: Iterator[tuple[InputRecord, Iterator[Action]]],

@@ -24,7 +24,7 @@ from test_agent_handler import (
     started,
 )
 
-from pipeline.handler import Action, RunRefit, SendPredictionPart, conclude
+from pipeline.handler import Action, RunRefit, SendPredictionPart, resume
 from straggler.core.online import OnlineJob
 from straggler.core.registry import make_method
 from straggler.simulation import JobSimulation, observe_step, steps
@@ -61,7 +61,7 @@ class OffLoopWorker(Worker):
         async def collect(action: Action) -> None:
             actions.append(action)
 
-        asyncio.run(conclude(self.handler, refit, error, collect))
+        asyncio.run(resume(self.handler, self.handler.refit_done(refit, error), collect))
         return self._seen(actions)
 
     def pending_refit(self, job_id: str) -> RunRefit:
