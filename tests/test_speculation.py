@@ -14,10 +14,18 @@ from straggler.core.survival import LatencySurvival
 
 
 def verdict(
-    task: str, at: float, elapsed: float, *, flagged: bool = False, threshold: float = 100.0
+    task: str,
+    at: float,
+    elapsed: float,
+    *,
+    flagged: bool = False,
+    threshold: float = 100.0,
+    probability: float = math.nan,
 ) -> Decision:
     nan = math.nan
-    return Decision("job", task, at, elapsed, nan, nan, nan, nan, threshold, flagged, 1)
+    return Decision(
+        "job", task, at, elapsed, nan, nan, nan, nan, threshold, flagged, 1, straggle_probability=probability
+    )
 
 
 def finished_job(policy: Speculate, n: int = 95, seed: int = 0) -> None:
@@ -76,7 +84,7 @@ def test_a_flag_from_the_predictor_moves_a_copy_earlier() -> None:
 
 
 def test_no_budget_means_no_copy_and_a_pool_limits_the_races() -> None:
-    broke = Speculate(budget=0.0, checkpoint_interval=10.0)
+    broke = Speculate(budget=0.0, checkpoint_interval=10.0, stuck_prior=0.0, floor=None)
     finished_job(broke)
     assert broke.on_checkpoint("job", 400.0, [verdict("slow", 400.0, 400.0, flagged=True)]) == []
     pool = Speculate(machines=1, checkpoint_interval=10.0)
@@ -142,3 +150,84 @@ def test_a_task_that_failed_no_longer_counts_as_running() -> None:
     phantom.on_task_gone("job", "dead", 105.0, attempt=0)
     # had "dead" stayed a running task, its ever-growing elapsed time would be what the job waits for
     assert "dead" not in phantom._jobs["job"].running
+
+
+def test_a_task_that_outruns_its_peers_expects_more_remaining_time_not_less() -> None:
+    peers = np.random.default_rng(1).uniform(3.0, 8.0, 39)
+    grid = np.linspace(0.0, 2000.0, 4001)
+
+    def expected_remaining(curve: LatencySurvival, elapsed: float) -> float:
+        cdf = curve.remaining_cdf(np.array([elapsed]), np.array([elapsed]), grid)[0]
+        return float(np.sum(1.0 - cdf) * (grid[1] - grid[0]))
+
+    memoryless = LatencySurvival(peers, np.array([20.0]), stuck_prior=0.0)
+    remembering = LatencySurvival(peers, np.array([20.0]), stuck_prior=0.001)
+    flat = [expected_remaining(memoryless, e) for e in (20.0, 60.0, 300.0)]
+    growing = [expected_remaining(remembering, e) for e in (20.0, 60.0, 300.0)]
+    assert max(flat) < 10.0  # "about to finish" at every elapsed time: the hung task is never copied
+    assert growing[0] < growing[1] < growing[2] and growing[2] > 1000.0
+    assert remembering.stuck_probability(np.array([5.0, 60.0])).tolist()[0] < 0.01
+    assert remembering.stuck_probability(np.array([60.0]))[0] > 0.9
+    with pytest.raises(ValueError, match="stuck_prior"):
+        LatencySurvival(peers, np.array([]), stuck_prior=1.0)
+
+
+def test_a_probability_moves_the_remaining_time_between_body_and_tail() -> None:
+    curve = LatencySurvival(np.linspace(10.0, 100.0, 50), np.array([5.0]))
+    grid = np.linspace(0.0, 400.0, 401)
+    sure, unsure, never = curve.remaining_cdf(
+        np.full(3, 5.0), np.full(3, 5.0), grid, np.array([1.0, 0.5, 0.0]), np.full(3, 90.0)
+    )
+    assert sure[grid < 85.0].max() == 0.0  # latency >= 90: nothing ends before 85 s more
+    assert never[grid >= 85.0].min() == 1.0  # latency < 90: everything has ended by then
+    assert np.allclose(unsure, 0.5 * sure + 0.5 * never)
+    prior = curve.remaining_cdf(np.full(1, 5.0), np.full(1, 5.0), grid)
+    untold = curve.remaining_cdf(np.full(1, 5.0), np.full(1, 5.0), grid, np.array([np.nan]), np.array([90.0]))
+    assert np.array_equal(prior, untold)
+
+
+def test_two_predictors_with_different_probabilities_lead_to_different_commands() -> None:
+    def commands(probability: float) -> list[str]:
+        policy = Speculate(checkpoint_interval=10.0)
+        finished_job(policy, n=40)  # 40 of 100 tasks done: Spark's floor is not in play
+        running = [verdict(f"r-{i}", 60.0, 30.0, probability=0.02) for i in range(59)]
+        suspect = verdict("x", 60.0, 30.0, threshold=140.0, probability=probability)
+        return [a.task_id for a in policy.on_checkpoint("job", 60.0, [*running, suspect])]
+
+    assert commands(0.99) == ["x"]
+    assert commands(0.01) == []
+
+
+def hung_job(policy: Speculate) -> float | None:
+    """39 tasks of 3-8 s started at 0, one hung; checkpoints every 5 s: when the hung task is copied."""
+    latencies = np.random.default_rng(7).uniform(3.0, 8.0, 39)
+    for at in np.arange(5.0, 300.0, 5.0):
+        for i, latency in enumerate(latencies):
+            if at - 5.0 < latency <= at:
+                policy.on_task_finished("job", f"t-{i}", float(latency), float(latency))
+        running = [verdict(f"t-{i}", at, at, threshold=7.5) for i, lat in enumerate(latencies) if lat > at]
+        hung = verdict("hung", at, at, threshold=7.5, flagged=at >= 10.0, probability=1.0 if at >= 10 else 0.1)
+        actions = policy.on_checkpoint("job", float(at), [*running, hung])
+        if any(a.task_id == "hung" and a.action == "duplicate" for a in actions):
+            return float(at)
+    return None
+
+
+def test_the_hung_task_is_copied_by_sparks_rule_and_no_later_by_the_default_policy() -> None:
+    spark = hung_job(make_policy("spark", 5.0))  # type: ignore[arg-type]
+    default = hung_job(make_policy("speculate", 5.0))  # type: ignore[arg-type]
+    memoryless = hung_job(Speculate(checkpoint_interval=5.0, stuck_prior=0.0, floor=None))
+    assert spark is not None and spark <= 15.0  # over 1.5 x the median once 75 % have finished
+    assert default is not None and default <= spark
+    assert memoryless is None  # the exponential tail alone never copies it
+
+
+def test_sparks_rule_waits_for_three_quarters_of_the_tasks() -> None:
+    policy = make_policy("spark", 10.0)
+    finished_job(policy, n=50)  # type: ignore[arg-type]
+    slow = [verdict(f"s-{i}", 400.0, 400.0) for i in range(30)]
+    assert policy.on_checkpoint("job", 400.0, slow) == []  # 50 of 80 finished
+    for i in range(25):
+        policy.on_task_finished("job", f"s-{i}", 410.0, 410.0)
+    copies = policy.on_checkpoint("job", 420.0, [])
+    assert sorted(a.task_id for a in copies) == [f"s-{i}" for i in range(25, 30)]

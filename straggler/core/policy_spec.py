@@ -2,6 +2,8 @@
 
 ``speculate``     the cost-aware speculative copies (`straggler.core.speculation`), the default;
 ``speculate:M``   the same with M spare machines per job;
+``spark``         Spark's speculative execution (a copy of a task running over 1.5x the median
+                  finished latency once 75 % of the tasks finished), the floor ``speculate`` keeps;
 ``relaunch``      the paper's Algorithm 2, kill and restart every flagged task (``unlimited`` is
                   its older name);
 ``limited:M``     Algorithm 3, kill and restart with M spare machines per job;
@@ -13,10 +15,10 @@
 from __future__ import annotations
 
 from straggler.core.policies import Limited, Mantri, MitigationPolicy, Unlimited
-from straggler.core.speculation import MantriDuplicate, Speculate
+from straggler.core.speculation import MantriDuplicate, Spark, Speculate
 
 DEFAULT_POLICY = "speculate"
-POLICY_SPECS = "speculate[:M], relaunch (or unlimited), limited:M, mantri or mantri-duplicate[:M]"
+POLICY_SPECS = "speculate[:M], spark, relaunch (or unlimited), limited:M, mantri or mantri-duplicate[:M]"
 
 
 def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
@@ -25,6 +27,8 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
         return Unlimited()
     if spec == "mantri":
         return Mantri(checkpoint_interval)
+    if spec == "spark":
+        return Spark()
     if spec == "speculate":
         return Speculate(checkpoint_interval=checkpoint_interval)
     if spec == "mantri-duplicate":

@@ -31,6 +31,9 @@ class _Running:
     attempt: int
     at_least: float
     """A lower bound on the task's latency: its elapsed time, or the threshold it was flagged against."""
+    probability: float = math.nan
+    """The predictor's P(latency >= threshold) at its last verdict (NaN: none given)."""
+    threshold: float = math.nan
 
 
 @dataclass
@@ -64,9 +67,48 @@ class CopyPlan:
     """Expected extra machine time, seconds."""
     completion: float
     work: float
+    floor_tasks: frozenset[str] = frozenset()
+    """Those of ``tasks`` the floor rule added."""
 
 
 NO_PLAN = CopyPlan([], 0.0, 0.0, math.nan, math.nan)
+
+
+@dataclass(frozen=True)
+class SparkRule:
+    """Spark's speculation rule (``spark.speculation.multiplier`` 1.5, ``.quantile`` 0.75): copy a task
+    that has run longer than ``multiplier`` x the median finished latency, once ``quantile`` of the
+    job's tasks (finished or running) have finished. What operators run today: the floor."""
+
+    multiplier: float = 1.5
+    quantile: float = 0.75
+
+    def __post_init__(self) -> None:
+        if not self.multiplier > 0 or not 0 < self.quantile <= 1:
+            raise ValueError("Spark's rule needs multiplier > 0 and 0 < quantile <= 1")
+
+    def due(self, job: _Job, at: float) -> list[str]:
+        """Tasks the rule copies now (never copied before), longest-running first."""
+        done, running = len(job.finished), len(job.running)
+        if not done or done < self.quantile * (done + running):
+            return []
+        limit = self.multiplier * float(np.median(np.fromiter(job.finished.values(), dtype=np.float64)))
+        over = [
+            (at - r.start, task_id)
+            for task_id, r in job.running.items()
+            if at - r.start > limit and task_id not in job.copied and task_id not in job.races
+        ]
+        return [task_id for _, task_id in sorted(over, key=lambda x: (-x[0], x[1]))]
+
+    def describe(self, job: _Job) -> str:
+        median = float(np.median(np.fromiter(job.finished.values(), dtype=np.float64)))
+        return (
+            f"over {self.multiplier:g} x the median finished latency ({median:.0f}s) with "
+            f"{self.quantile:.0%} of tasks finished (Spark's rule)"
+        )
+
+
+SPARK_DEFAULTS = SparkRule()
 
 
 class Speculate(MitigationPolicy):
@@ -87,6 +129,13 @@ class Speculate(MitigationPolicy):
         Seconds between checkpoints: a losing attempt runs on for about half of it until its kill.
     grid_points
         Resolution of the remaining-time integrals.
+    stuck_prior
+        The prior share of attempts that hang (never end by themselves); a task that outruns the job's
+        normal runs is ever more likely one of them, so its expected remaining time grows with its
+        elapsed time instead of staying that of a fresh task (`LatencySurvival.stuck_probability`).
+    floor
+        A rule whose copies are always made (within ``machines``, outside the budget): by default
+        Spark's, so the policy never copies a hung task later than Spark's speculation would.
     """
 
     def __init__(
@@ -96,6 +145,8 @@ class Speculate(MitigationPolicy):
         machines: int | None = None,
         checkpoint_interval: float = 300.0,
         grid_points: int = 256,
+        stuck_prior: float = 0.001,
+        floor: SparkRule | None = SPARK_DEFAULTS,
     ) -> None:
         if not machine_price > 0:
             raise ValueError(f"machine_price must be positive, got {machine_price}")
@@ -110,6 +161,10 @@ class Speculate(MitigationPolicy):
         self.machines = machines
         self.checkpoint_interval = checkpoint_interval
         self.grid_points = grid_points
+        if not 0.0 <= stuck_prior < 1.0:
+            raise ValueError(f"stuck_prior must be in [0, 1), got {stuck_prior}")
+        self.stuck_prior = stuck_prior
+        self.floor = floor
         self.name = "speculate" if machines is None else f"speculate:{machines}"
         self._jobs: dict[str, _Job] = {}
 
@@ -152,24 +207,42 @@ class Speculate(MitigationPolicy):
             if previous is not None and previous.attempt == d.attempt:
                 bound = max(bound, previous.at_least)
             start = at - d.elapsed
-            job.running[d.task_id] = _Running(start, d.attempt, bound)
+            probability = 1.0 if d.is_straggler and math.isnan(d.straggle_probability) else d.straggle_probability
+            job.running[d.task_id] = _Running(start, d.attempt, bound, probability, d.threshold)
             job.first_start = min(job.first_start, start)
-        plan = self.plan(job, at)
+        plan = self._with_floor(job, at, self.plan(job, at))
         for task_id in plan.tasks:
             running = job.running[task_id]
             job.races[task_id] = _Race(running.attempt, running.attempt + 1, at)
             job.copied.add(task_id)
-            reason = (
-                f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
-                f"for {plan.extra:.0f}s extra machine time (of {plan.work:.0f}s)"
-            )
+            if self.floor is not None and task_id in plan.floor_tasks:
+                reason = f"copy: ran {at - running.start:.0f}s, {self.floor.describe(job)}"
+            else:
+                reason = (
+                    f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
+                    f"for {plan.extra:.0f}s extra machine time (of {plan.work:.0f}s)"
+                )
             actions.append(Action(job_id, task_id, "duplicate", at, reason, at, running.attempt))
         job.spent += plan.extra
         return actions
 
+    def _with_floor(self, job: _Job, at: float, plan: CopyPlan) -> CopyPlan:
+        """``plan`` with the floor rule's copies added (no budget, but within ``machines``)."""
+        if self.floor is None:
+            return plan
+        chosen = set(plan.tasks)
+        extra = [t for t in self.floor.due(job, at) if t not in chosen]
+        if self.machines is not None:
+            extra = extra[: max(self.machines - len(job.races) - len(plan.tasks), 0)]
+        if not extra:
+            return plan
+        return CopyPlan(
+            [*plan.tasks, *extra], plan.saving, plan.extra, plan.completion, plan.work, frozenset(extra)
+        )
+
     def plan(self, job: _Job, at: float) -> CopyPlan:
         """The copies to start now (see the module docstring); changes nothing."""
-        est = _estimate(job, at, self.grid_points)
+        est = _estimate(job, at, self.grid_points, self.stuck_prior)
         if est is None or not len(est.candidates):
             return NO_PLAN
         tail = 1.0 - est.remaining[est.candidates]
@@ -196,6 +269,17 @@ class Speculate(MitigationPolicy):
         return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work)
 
 
+class Spark(Speculate):
+    """Spark's speculative execution alone (`SparkRule`): no estimate, no price, no budget."""
+
+    def __init__(self, rule: SparkRule = SPARK_DEFAULTS, machines: int | None = None) -> None:
+        super().__init__(budget=math.inf, machines=machines, floor=rule)
+        self.name = "spark" if machines is None else f"spark:{machines}"
+
+    def plan(self, job: _Job, at: float) -> CopyPlan:
+        return NO_PLAN
+
+
 class MantriDuplicate(Speculate):
     """Mantri's duplicate test (OSDI'10 §4.2) on the same estimates, for comparison: copy a running
     task when P(remaining > 2 x a copy's time) > ``delta``, i.e. when the copy likely saves machine
@@ -213,6 +297,7 @@ class MantriDuplicate(Speculate):
             machines=machines,
             checkpoint_interval=checkpoint_interval,
             grid_points=grid_points,
+            floor=None,
         )
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
@@ -220,7 +305,7 @@ class MantriDuplicate(Speculate):
         self.name = "mantri-duplicate" if machines is None else f"mantri-duplicate:{machines}"
 
     def plan(self, job: _Job, at: float) -> CopyPlan:
-        est = _estimate(job, at, self.grid_points)
+        est = _estimate(job, at, self.grid_points, self.stuck_prior)
         if est is None or not len(est.candidates):
             return NO_PLAN
         copy_density = np.diff(np.r_[0.0, est.fresh])
@@ -256,18 +341,20 @@ class _Estimates:
     """Rows of tasks that may be copied (never copied before)."""
 
 
-def _estimate(job: _Job, at: float, grid_points: int) -> _Estimates | None:
+def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Estimates | None:
     """The survival estimates behind a plan, or None before the job has a finished and a running task."""
     if not job.finished or not job.running:
         return None
     ids = sorted(job.running)
     elapsed = np.array([at - job.running[t].start for t in ids], dtype=np.float64)
     at_least = np.array([job.running[t].at_least for t in ids], dtype=np.float64)
-    survival = LatencySurvival(np.fromiter(job.finished.values(), dtype=np.float64), elapsed)
+    probability = np.array([job.running[t].probability for t in ids], dtype=np.float64)
+    threshold = np.array([job.running[t].threshold for t in ids], dtype=np.float64)
+    survival = LatencySurvival(np.fromiter(job.finished.values(), dtype=np.float64), elapsed, stuck_prior)
     span = max(float(at_least.max()), survival.last_time) + 8.0 * survival.tail_scale
     grid = np.linspace(0.0, span, grid_points)
     step = float(grid[1] - grid[0])
-    remaining = survival.remaining_cdf(elapsed, at_least, grid)
+    remaining = survival.remaining_cdf(elapsed, at_least, grid, probability, threshold)
     for row, task_id in enumerate(ids):
         race = job.races.get(task_id)
         if race is not None:  # the copy has run (at - started) and not finished

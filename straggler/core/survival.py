@@ -33,7 +33,10 @@ class LatencySurvival:
     has shown). Needs at least one finished latency.
     """
 
-    def __init__(self, finished: FloatArray, running_elapsed: FloatArray) -> None:
+    def __init__(self, finished: FloatArray, running_elapsed: FloatArray, stuck_prior: float = 0.0) -> None:
+        if not 0.0 <= stuck_prior < 1.0:
+            raise ValueError(f"stuck_prior must be in [0, 1), got {stuck_prior}")
+        self.stuck_prior = stuck_prior
         finished = np.asarray(finished, dtype=np.float64)
         if len(finished) == 0:
             raise ValueError("a survival curve needs at least one finished latency")
@@ -61,23 +64,77 @@ class LatencySurvival:
         """Mean latency under the curve (restricted part plus the tail's)."""
         return self.tail_scale + self.last_value * self.tail_scale
 
-    def remaining_cdf(self, elapsed: FloatArray, at_least: FloatArray, grid: FloatArray) -> FloatArray:
+    def stuck_probability(self, bound: FloatArray) -> FloatArray:
+        """P(the attempt is stuck | its latency exceeds ``bound``): the prior ``stuck_prior`` against the
+        normal runs' S(bound). It grows towards 1 as a task outruns the job's body: the memory the
+        exponential tail lacks."""
+        prior = self.stuck_prior
+        if prior <= 0.0:
+            return np.zeros_like(np.asarray(bound, dtype=np.float64))
+        return np.asarray(prior / (prior + (1.0 - prior) * self.sf(bound)), dtype=np.float64)
+
+    def remaining_cdf(
+        self,
+        elapsed: FloatArray,
+        at_least: FloatArray,
+        grid: FloatArray,
+        probability: FloatArray | None = None,
+        threshold: FloatArray | None = None,
+    ) -> FloatArray:
         """P(remaining <= r) for each task (rows) at each ``grid`` r (columns).
 
         A task that has run ``elapsed`` and whose latency is known to be at least ``at_least`` (>=
-        elapsed; a predictor's flag) has latency distributed as S conditioned on L > at_least.
+        elapsed) has latency distributed as S conditioned on L > at_least, or is stuck (never ends by
+        itself, `stuck_probability`). Where a predictor gives ``probability`` = P(L >= ``threshold``)
+        (finite), the distribution is the mixture of L > max(threshold, at_least) with that weight and
+        of at_least < L < threshold with the rest: a confident prediction moves the whole estimate.
         """
-        elapsed = np.asarray(elapsed, dtype=np.float64)[:, None]
-        bound = np.maximum(np.asarray(at_least, dtype=np.float64)[:, None], elapsed)
-        base = self.sf(bound)
-        latency = elapsed + grid[None, :]
+        elapsed = np.asarray(elapsed, dtype=np.float64)
+        bound = np.maximum(np.asarray(at_least, dtype=np.float64), elapsed)
+        beyond = self._beyond(elapsed, bound, grid)
+        if probability is None or threshold is None:
+            return beyond
+        p = np.asarray(probability, dtype=np.float64)
+        thr = np.asarray(threshold, dtype=np.float64)
+        told = np.isfinite(p) & np.isfinite(thr) & (thr > bound)
+        if not told.any():
+            return beyond
+        rows = np.flatnonzero(told)
+        high = self._beyond(elapsed[rows], thr[rows], grid)
+        low = self._between(elapsed[rows], bound[rows], thr[rows], grid)
+        weight = np.clip(p[rows], 0.0, 1.0)[:, None]
+        out = beyond.copy()
+        out[rows] = weight * high + (1.0 - weight) * low
+        return out
+
+    def _beyond(self, elapsed: FloatArray, bound: FloatArray, grid: FloatArray) -> FloatArray:
+        """P(remaining <= r | L > bound), the stuck share never ending."""
+        e = elapsed[:, None]
+        b = bound[:, None]
+        base = self.sf(b)
+        latency = e + grid[None, :]
         ratio = self.sf(latency) / np.maximum(base, 1e-300)
-        cdf = np.where(latency < bound, 0.0, 1.0 - np.minimum(ratio, 1.0))
+        cdf = np.where(latency < b, 0.0, 1.0 - np.minimum(ratio, 1.0))
         # Where the curve has no mass left past ``bound``, fall back on the tail's shape from there.
         dead = base[:, 0] <= 1e-12
         if dead.any():
-            cdf[dead] = 1.0 - np.exp(-np.maximum(latency[dead] - bound[dead], 0.0) / self.tail_scale)
-        return np.asarray(cdf, dtype=np.float64)
+            cdf[dead] = 1.0 - np.exp(-np.maximum(latency[dead] - b[dead], 0.0) / self.tail_scale)
+        normal = 1.0 - self.stuck_probability(bound)[:, None]
+        return np.asarray(normal * cdf, dtype=np.float64)
+
+    def _between(self, elapsed: FloatArray, low: FloatArray, high: FloatArray, grid: FloatArray) -> FloatArray:
+        """P(remaining <= r | low < L <= high) of a normal run (a predictor's "not a straggler")."""
+        e = elapsed[:, None]
+        s_low = self.sf(low[:, None])
+        s_high = self.sf(high[:, None])
+        latency = e + grid[None, :]
+        mass = s_low - s_high
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cdf = (s_low - np.maximum(self.sf(latency), s_high)) / mass
+        # No mass between the bounds (the curve is flat there): the run ends at the upper bound.
+        cdf = np.where(mass > 1e-12, cdf, (latency >= high[:, None]).astype(np.float64))
+        cdf = np.where(latency >= high[:, None], 1.0, cdf)
+        return np.asarray(np.clip(cdf, 0.0, 1.0), dtype=np.float64)
 
     def fresh_cdf(self, grid: FloatArray) -> FloatArray:
         """P(a fresh copy's latency <= r) at each ``grid`` r."""
