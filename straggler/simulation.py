@@ -78,6 +78,8 @@ class JobSimulation:
             self.task_index.setdefault(task_id, i)
         self.spent: FloatArray = np.zeros(n)
         """Machine time of attempts already killed by relaunches."""
+        self.extra_spent: FloatArray = np.zeros(n)
+        """The part of ``spent`` run by attempts beyond the first (relaunched attempts killed again)."""
         self.own_end: FloatArray = self.end.copy()
         """When the reporting attempt would end on its own (differs from ``end`` while a copy wins)."""
         self.copy_start: FloatArray = np.full(n, np.nan)
@@ -160,7 +162,7 @@ class JobSimulation:
         if attempt is not None and attempt != self.attempt[i]:
             return "attempt not running"
         if action == "kill":
-            self.spent[i] += t - self.start[i]
+            self._killed(i, t)
             self.start[i] = self.end[i] = self.own_end[i] = t
             self.finished[i] = False
             self.rerun[i] = True
@@ -173,7 +175,7 @@ class JobSimulation:
         new_end = t + draw
         self.rerun[i] = self.frozen[i] = True
         if action == "relaunch":
-            self.spent[i] += t - self.start[i]
+            self._killed(i, t)
             self.attempt[i] += 1
             self.start[i] = t
             self.end[i] = self.own_end[i] = new_end
@@ -191,6 +193,13 @@ class JobSimulation:
         else:
             return f"unknown action {action!r}"
         return None
+
+    def _killed(self, i: int, t: float) -> None:
+        """The running attempt of task ``i`` stops at ``t``: its run so far is spent."""
+        run = t - self.start[i]
+        self.spent[i] += run
+        if self.attempt[i] > 0:
+            self.extra_spent[i] += run
 
     def _kill_in_race(self, i: int, t: float, attempt: int | None) -> str | None:
         if not (self.end[i] <= t):
@@ -220,9 +229,21 @@ class JobSimulation:
         self.checkpoints.extend(added)
         return added
 
+    def horizon(self) -> float:
+        """The last instant the simulation knows of: a run that never ends is counted up to it."""
+        ends = np.concatenate([self.trace.end, self.end, self.copy_end, np.asarray(self.checkpoints)])
+        return float(np.nanmax(ends)) if np.isfinite(ends).any() else 0.0
+
     def machine_time(self) -> FloatArray:
         """Machine time each task's attempts used, seconds (NaN where the task never ends)."""
+        used, _ = self._machine_time()
+        return used
+
+    def _machine_time(self) -> tuple[FloatArray, FloatArray]:
+        """Per task: machine time of all its attempts, and of the attempts beyond its first (copies,
+        relaunches) alone; NaN where the task never ends."""
         used = self.spent + (self.end - self.start)
+        extra = self.extra_spent + np.where(self.attempt > 0, self.end - self.start, 0.0)
         for i in np.flatnonzero(np.isfinite(self.copy_start)).tolist():
             copy_won = bool(self.copy_won[i])
             natural = self.own_end[i] if copy_won else self.copy_end[i]
@@ -232,7 +253,28 @@ class JobSimulation:
             original = (stop if copy_won else self.end[i]) - self.start[i]
             copy = (self.end[i] if copy_won else stop) - self.copy_start[i]
             used[i] = self.spent[i] + original + copy
-        return used
+            extra[i] = self.extra_spent[i] + copy + (original if self.attempt[i] > 0 else 0.0)
+        return used, extra
+
+    def machine_use(self) -> MachineUse:
+        """Machine time of every task, scored or not (a run that never ends counted up to `horizon`)."""
+        horizon = self.horizon()
+        trace = self.trace
+        own = np.where(np.isfinite(trace.end), trace.end, horizon) - trace.start
+        saved_end = self.end.copy()
+        self.end = np.where(np.isfinite(self.end), self.end, horizon)
+        try:
+            used, extra = self._machine_time()
+        finally:
+            self.end = saved_end
+        copied = np.isfinite(self.copy_start)
+        return MachineUse(
+            work=float(np.nansum(own)),
+            used=float(np.nansum(used)),
+            extra_attempts=float(np.nansum(extra)),
+            copies=int(copied.sum()),
+            copies_won=int((copied & self.copy_won).sum()),
+        )
 
     def outcome(self) -> JobOutcome:
         trace = self.trace
@@ -246,7 +288,37 @@ class JobSimulation:
             end_after=self.end[scored],
             attempts=self.attempt[scored] + np.isfinite(self.copy_start[scored]),
             machine_time_after=self.machine_time()[scored],
+            machine=self.machine_use(),
         )
+
+
+@dataclass(frozen=True)
+class MachineUse:
+    """A job's machine time over every task, scored or not: what the cluster paid."""
+
+    work: float
+    """The trace's own runs, seconds."""
+    used: float
+    """Every attempt's run after the commands, seconds."""
+    extra_attempts: float
+    """The runs of attempts beyond each task's first (copies, relaunches), seconds."""
+    copies: int
+    copies_won: int
+    """Copies that finished before their original."""
+
+    @property
+    def gross(self) -> float:
+        """Extra attempts' machine time as a share of the trace's work: what the commands bought."""
+        return self.extra_attempts / self.work if self.work > 0 else 0.0
+
+    @property
+    def net(self) -> float:
+        """(machine time after - the trace's work) / work: gross less what winning copies saved."""
+        return (self.used - self.work) / self.work if self.work > 0 else 0.0
+
+    @property
+    def copies_lost(self) -> int:
+        return self.copies - self.copies_won
 
 
 @dataclass
@@ -262,6 +334,8 @@ class JobOutcome:
     attempts: IntArray
     """Attempts beyond the first that each task ran (relaunches and copies)."""
     machine_time_after: FloatArray
+    machine: MachineUse | None = None
+    """Machine time over every task of the job, scored or not."""
 
     @property
     def jct_before(self) -> float:

@@ -12,6 +12,18 @@ from straggler.evaluation import EvaluationConfig, evaluate, summarise
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "google-2011-sample"
 
 
+MITIGATION_KEYS = {
+    "jct_reduction",
+    "extra_machine_time",
+    "gross_extra_machine_time",
+    "net_extra_machine_time",
+    "copies",
+    "copies_won",
+    "copies_lost",
+    "jobs_longer",
+}
+
+
 def test_summary_has_the_documented_shape_and_sane_values() -> None:
     traces = [make_job(150, seed=s, job_id=f"j{s}") for s in range(3)]
     config = EvaluationConfig(methods=("nurd", "reactive", "nurd-paper"), machine_counts=(100, 200))
@@ -27,12 +39,19 @@ def test_summary_has_the_documented_shape_and_sane_values() -> None:
     for name in config.methods:
         for policy in config.policies:
             row = summary["mitigation"][name][policy]
-            assert set(row) == {"jct_reduction", "extra_machine_time", "jobs_longer"}
+            assert set(row) == MITIGATION_KEYS
             assert -1 < row["jct_reduction"] < 1 and np.isfinite(row["extra_machine_time"])
+            assert row["gross_extra_machine_time"] >= 0 and row["copies"] == row["copies_won"] + row["copies_lost"]
+            # a winning copy ends its original early: net is gross less what that saved
+            assert row["net_extra_machine_time"] <= row["gross_extra_machine_time"] + 1e-12
         for policy in ("speculate", "speculate:5"):  # a copy races the original: never later
             assert summary["mitigation"][name][policy]["jobs_longer"] == 0
     assert set(summary["mitigation_limit"]) == set(config.policies)
     assert summary["mitigation_limit"]["speculate"]["jct_reduction"] > 0
+    assert summary["mitigation_limit"]["speculate"]["copies"] > 0
+    assert set(summary["mitigation_oracle"]) == set(config.policies)
+    assert set(summary["mitigation_oracle"]["speculate"]) == MITIGATION_KEYS
+    assert summary["mitigation_oracle"]["speculate"]["jct_reduction"] > 0
     # the literal formula flags far more than NURD (the measured degeneration the variants fix)
     assert summary["methods"]["nurd-paper"]["fpr"] > 5 * summary["methods"]["nurd"]["fpr"] + 0.05
 
@@ -72,7 +91,11 @@ def test_evaluate_command_on_the_bundled_real_sample(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     assert report.count("| nurd |") == 1 + len(summary["policies"])  # prediction row, one per policy
     speculate = summary["mitigation"]["nurd"]["speculate"]
-    row = f"| nurd | speculate | {speculate['jct_reduction']:+.2%} | {speculate['extra_machine_time']:+.2%} |"
+    row = (
+        f"| nurd | speculate | {speculate['jct_reduction']:+.2%} | {speculate['gross_extra_machine_time']:+.2%} "
+        f"| {speculate['net_extra_machine_time']:+.2%} | {speculate['copies_won']} / {speculate['copies_lost']} |"
+    )
     assert row in report
+    assert "| *oracle-fed* (future information) | speculate |" in report
     for plot in ("f1_over_time.png", "jct.png", "mitigation.png"):
         assert (out / plot).stat().st_size > 0

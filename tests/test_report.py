@@ -104,12 +104,20 @@ def test_mitigation_table_cells_and_shares(summary: dict[str, Any]) -> None:
             cells = rows[f"{method}/{policy}"]
             values = summary["mitigation"][method][policy]
             assert number(cells[0]) == pytest.approx(values["jct_reduction"], abs=5e-5)
-            assert number(cells[1]) == pytest.approx(values["extra_machine_time"], abs=5e-5)
+            assert number(cells[1]) == pytest.approx(values["gross_extra_machine_time"], abs=5e-5)
+            assert number(cells[2]) == pytest.approx(values["net_extra_machine_time"], abs=5e-5)
+            assert cells[3] == f"{values['copies_won']} / {values['copies_lost']}"
             share = values["jct_reduction"] / limit["jct_reduction"]
-            assert number(cells[2]) == pytest.approx(share, abs=5e-4)
-            assert int(cells[3]) == values["jobs_longer"]
+            assert number(cells[4]) == pytest.approx(share, abs=5e-4)
+            assert int(cells[5]) == values["jobs_longer"]
+    for policy in CONFIG.policies:  # the oracle-fed control, beside every method
+        cells = rows[f"*oracle-fed* (future information)/{policy}"]
+        values = summary["mitigation_oracle"][policy]
+        assert number(cells[0]) == pytest.approx(values["jct_reduction"], abs=5e-5)
+        assert number(cells[1]) == pytest.approx(values["gross_extra_machine_time"], abs=5e-5)
     limit_row = next(cells for key, cells in rows.items() if key.startswith("*limit*"))
     assert number(limit_row[0]) == pytest.approx(limit["jct_reduction"], abs=5e-5)
+    assert number(limit_row[1]) == pytest.approx(limit["gross_extra_machine_time"], abs=5e-5)
 
 
 # ---------------------------------------------------------------- plots
@@ -154,7 +162,15 @@ def handmade_summary() -> dict[str, Any]:
         },
         "mitigation": {
             "alpha": {
-                "relaunch": {"jct_reduction": 0.1, "extra_machine_time": 0.03, "jobs_longer": 0},
+                "relaunch": {
+                    "jct_reduction": 0.1,
+                    "extra_machine_time": 0.03,
+                    "gross_extra_machine_time": 0.05,
+                    "net_extra_machine_time": 0.035,
+                    "copies_won": 3,
+                    "copies_lost": 4,
+                    "jobs_longer": 0,
+                },
                 "speculate": {"jct_reduction": 0.15, "extra_machine_time": 0.06, "jobs_longer": 1},
             },
             "beta": {
@@ -217,6 +233,9 @@ def test_mitigation_plot_places_one_point_per_method_and_policy(
     tmp_path: Path, figures: list[Figure]
 ) -> None:
     summary = handmade_summary()
+    summary["mitigation_oracle"] = {
+        "speculate": {"jct_reduction": 0.2, "extra_machine_time": 0.03, "gross_extra_machine_time": 0.045}
+    }
     report.plot_mitigation(summary, tmp_path / "mitigation.png")
     (ax,) = figures[0].axes
     points: dict[str, tuple[float, ...]] = {
@@ -226,8 +245,9 @@ def test_mitigation_plot_places_one_point_per_method_and_policy(
     }
     assert points == (
         {
-            "alpha / relaunch": (3.0, 10.0),
+            "alpha / relaunch": (5.0, 10.0),  # gross extra machine time where the summary has it
             "alpha / speculate": (6.0, 15.0),
+            "oracle-fed (future information) / speculate": (4.5, 20.0),
             "beta / relaunch": (10.0, -2.0),
             "beta / speculate": (8.0, 5.0),
         }
@@ -253,5 +273,6 @@ def test_written_pngs_show_each_methods_colour(tmp_path: Path) -> None:
     assert pixels_of(tmp_path / "one.png", colours["alpha"]) > 200
     assert pixels_of(tmp_path / "one.png", colours["beta"]) < 30  # a few antialiased edges of alpha's
     text = (tmp_path / "report.md").read_text()
-    assert re.search(r"\| alpha \| relaunch \| \+10\.00% \| \+3\.00% \| 0\.400 \| 0 \|", text)
+    assert re.search(r"\| alpha \| relaunch \| \+10\.00% \| \+5\.00% \| \+3\.50% \| 3 / 4 \| 0\.400 \| 0 \|", text)
+    assert re.search(r"\| beta \| relaunch \| -2\.00% \| – \| \+10\.00% \| – \| -0\.080 \| 2 \|", text)
     assert "| beta | 0.500 | 0.200 | 0.500 | **0.300** | n/a | -0.030 | 0.200 | 0.025 |" in text

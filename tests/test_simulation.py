@@ -230,3 +230,24 @@ def test_the_cores_recorded_replay_decides_as_the_simulation_with_no_command(met
         got = [repr(ds) for ds in recorded_decisions(online_job(trace, method, config), trace)]
         assert got == expected, trace.job_id
         assert "is_straggler=True" in "".join(expected)
+
+
+def test_every_copy_is_counted_scored_or_not() -> None:
+    """A copy of a task the evaluation does not score (killed in the trace) costs machine time too: it is
+    in the gross figure, though not in the scored tasks' ``extra_machine_time``."""
+    base = make_job(60, seed=3)
+    t = float(base.checkpoints[2])
+    first = JobSimulation(base, seed=0)
+    i = int(np.flatnonzero(first.running_at(t))[0])
+    finished = base.finished.copy()
+    finished[i] = False  # the trace killed it: not scored
+    trace = dataclasses.replace(base, finished=finished)
+    sim = JobSimulation(trace, seed=0)
+    assert sim.apply(trace.task_ids[i], "duplicate", t) is None
+    use = sim.machine_use()
+    assert use.copies == 1 and use.copies_won + use.copies_lost == 1
+    assert use.extra_attempts == pytest.approx(sim.copy_end[i] - sim.copy_start[i])
+    assert use.gross == pytest.approx(use.extra_attempts / use.work) and use.gross > 0
+    assert sim.outcome().extra_machine_time == 0.0  # the scored tasks alone do not see it
+    untouched = JobSimulation(trace, seed=0).machine_use()
+    assert (untouched.gross, untouched.net, untouched.copies) == (0.0, 0.0, 0)

@@ -206,7 +206,9 @@ def hung_job(policy: Speculate) -> float | None:
             if at - 5.0 < latency <= at:
                 policy.on_task_finished("job", f"t-{i}", float(latency), float(latency))
         running = [verdict(f"t-{i}", at, at, threshold=7.5) for i, lat in enumerate(latencies) if lat > at]
-        hung = verdict("hung", at, at, threshold=7.5, flagged=at >= 10.0, probability=1.0 if at >= 10 else 0.1)
+        hung = verdict(
+            "hung", at, at, threshold=7.5, flagged=at >= 10.0, probability=1.0 if at >= 10 else 0.1
+        )
         actions = policy.on_checkpoint("job", float(at), [*running, hung])
         if any(a.task_id == "hung" and a.action == "duplicate" for a in actions):
             return float(at)

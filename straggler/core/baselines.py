@@ -103,7 +103,10 @@ class Reactive(StragglerMethod):
         return self
 
     def predict(self, data: CheckpointData) -> Scores:
-        return reactive_scores(data, as_latency=True)
+        """Elapsed time as the latency; the straggle probability 0 or 1, by elapsed time alone."""
+        elapsed = np.asarray(data.elapsed_running, dtype=np.float64)
+        probability = (elapsed >= data.threshold).astype(np.float64)
+        return Scores.from_latency(elapsed.copy(), elapsed.copy(), data.threshold, probability=probability)
 
 
 class Wrangler(StragglerMethod):

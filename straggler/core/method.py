@@ -138,6 +138,8 @@ class StragglerMethod(ABC):
     #: True for methods trained on other, complete jobs before they see this one (START, ADMM);
     #: the evaluator cross-fits them by job, the worker loads them from ``straggler train``'s file
     learns_across_jobs: ClassVar[bool] = False
+    #: True only for the oracle-fed control (`straggler.core.oracle`): told the future, evaluation only
+    uses_future_information: ClassVar[bool] = False
     #: learned attributes that are not plain state values, and how each becomes one
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {}
 

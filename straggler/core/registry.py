@@ -14,6 +14,7 @@ from straggler.core.nurd import PRESETS, make_nurd
 def _factories() -> dict[str, Callable[[int], StragglerMethod]]:
     from straggler.core.admm import Admm
     from straggler.core.baselines import BASELINES
+    from straggler.core.oracle import Oracle
     from straggler.core.outliers import OUTLIER_DETECTORS
 
     out: dict[str, Callable[[int], StragglerMethod]] = {}
@@ -22,6 +23,7 @@ def _factories() -> dict[str, Callable[[int], StragglerMethod]]:
     for name, cls in {**BASELINES, **OUTLIER_DETECTORS}.items():
         out[name] = partial(_with_seed, cls)
     out["admm"] = partial(_with_seed, Admm)
+    out["oracle"] = partial(_with_seed, Oracle)
     from straggler.core.start import StartMethod  # torch is imported only when START trains
 
     out["start"] = partial(_with_seed, StartMethod)
@@ -41,6 +43,15 @@ def _with_seed(cls: type[StragglerMethod], seed: int) -> StragglerMethod:
 
 def method_names() -> list[str]:
     return list(_factories())
+
+
+ORACLE = "oracle"
+"""The oracle-fed control (future information): evaluation only, never a default, refused by the worker."""
+
+
+def online_method_names() -> list[str]:
+    """The methods a live worker may run: all but the oracle."""
+    return [name for name in method_names() if name != ORACLE]
 
 
 def make_method(name: str, seed: int = 0) -> StragglerMethod:

@@ -207,7 +207,9 @@ class Speculate(MitigationPolicy):
             if previous is not None and previous.attempt == d.attempt:
                 bound = max(bound, previous.at_least)
             start = at - d.elapsed
-            probability = 1.0 if d.is_straggler and math.isnan(d.straggle_probability) else d.straggle_probability
+            probability = (
+                1.0 if d.is_straggler and math.isnan(d.straggle_probability) else d.straggle_probability
+            )
             job.running[d.task_id] = _Running(start, d.attempt, bound, probability, d.threshold)
             job.first_start = min(job.first_start, start)
         plan = self._with_floor(job, at, self.plan(job, at))

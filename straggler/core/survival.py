@@ -122,7 +122,9 @@ class LatencySurvival:
         normal = 1.0 - self.stuck_probability(bound)[:, None]
         return np.asarray(normal * cdf, dtype=np.float64)
 
-    def _between(self, elapsed: FloatArray, low: FloatArray, high: FloatArray, grid: FloatArray) -> FloatArray:
+    def _between(
+        self, elapsed: FloatArray, low: FloatArray, high: FloatArray, grid: FloatArray
+    ) -> FloatArray:
         """P(remaining <= r | low < L <= high) of a normal run (a predictor's "not a straggler")."""
         e = elapsed[:, None]
         s_low = self.sf(low[:, None])
