@@ -195,7 +195,11 @@ def floor_rate(given: Input, shape: OutputShape) -> dict[str, float]:
 def committed_rate(given: Input, group: str, worker: subprocess.Popen[bytes], name: str) -> dict[str, float]:
     """Watch ``group``'s committed offsets until they reach the end; rates between its commits."""
     bootstrap, ends, cumulative, out, timeout = (
-        given.bootstrap, given.ends, given.cumulative, given.out, given.timeout
+        given.bootstrap,
+        given.ends,
+        given.cumulative,
+        given.out,
+        given.timeout,
     )
     total = sum(ends.values())
     progress = GroupProgress(bootstrap, group, list(ends))

@@ -54,7 +54,7 @@ from straggler.kafka.security import current_security, faust_credentials
 def method_factory(settings: WorkerSettings) -> Callable[[], StragglerMethod]:
     """A fresh method per job: from the registry, or a copy of the trained cross-job model."""
     if make_method(settings.method, settings.seed).uses_future_information:
-        raise ValueError(f"{settings.method} is told the future (an evaluation control): a worker cannot run it")
+        raise ValueError(f"{settings.method} is told the future (an evaluation control): no worker runs it")
     if settings.admm_interval is not None:
         if settings.method != "admm":
             raise ValueError(f"--admm-interval is for --method admm, not {settings.method}")

@@ -57,9 +57,8 @@ def mitigation_table(summary: dict[str, Any]) -> str:
         lines.append(f"| {name} | {policy} | {_cost_cells(m)} | {_fmt(share)} | {m['jobs_longer']} |")
     limit_row = _limit_row(summary)
     if limit_row is not None:
-        lines.append(
-            f"| *limit* | copy every true straggler at its first checkpoint | {_cost_cells(limit_row)} | 1.000 | 0 |"
-        )
+        rule = "copy every true straggler at its first checkpoint"
+        lines.append(f"| *limit* | {rule} | {_cost_cells(limit_row)} | 1.000 | 0 |")
     return "\n".join(lines)
 
 

@@ -201,7 +201,7 @@ def test_two_predictors_with_different_probabilities_lead_to_different_commands(
 def hung_job(policy: Speculate) -> float | None:
     """39 tasks of 3-8 s started at 0, one hung; checkpoints every 5 s: when the hung task is copied."""
     latencies = np.random.default_rng(7).uniform(3.0, 8.0, 39)
-    for at in np.arange(5.0, 300.0, 5.0):
+    for at in np.arange(5.0, 300.0, 5.0).tolist():
         for i, latency in enumerate(latencies):
             if at - 5.0 < latency <= at:
                 policy.on_task_finished("job", f"t-{i}", float(latency), float(latency))
