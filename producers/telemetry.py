@@ -66,6 +66,8 @@ class TelemetryProducer:
         self._lock = threading.Lock()
         self._waiting: dict[str, tuple[float, list[TaskCheckpoint]]] = {}
         """Reports not sent yet, by job: (monotonic time of the first, the reports)."""
+        self._first_report: dict[tuple[str, str, Any], float] = {}
+        """When each running task attempt was first reported: its start when the caller gives none."""
         self._stop = threading.Event()
         self._lingerer = threading.Thread(target=self._send_lingering, name="telemetry-linger", daemon=True)
         self._lingerer.start()
@@ -112,16 +114,24 @@ class TelemetryProducer:
         """Report one task's state: its features now (``running``), or how it ended.
 
         ``features`` must hold finite numbers (NumPy scalars are fine) observed before ``at``; leave
-        out what is unknown rather than sending NaN. A ``finished`` report needs ``latency`` (seconds
-        from start to finish, >= 0); other statuses must not carry one. ``attempt`` counts the task's
-        runs from 0, so a relaunched copy is attempt 1. Raises `schemas.SchemaError` (and sends
-        nothing) for an invalid report.
+        out what is unknown rather than sending NaN. Without ``start_time`` a running attempt is taken to
+        have started at its first report through this producer (pass it when the task started earlier).
+        A ``finished`` report needs ``latency`` (seconds from start to finish, >= 0); other statuses
+        must not carry one. ``attempt`` counts the task's runs from 0, so a relaunched copy is attempt
+        1. Raises `schemas.SchemaError` (and sends nothing) for an invalid report.
         """
+        now = _now(at)
+        attempt_no = _int_or_value(attempt)
+        attempt_key = (job_id, task_id, attempt_no)
+        if status == "running" and start_time is None:
+            start_time = self._first_report.setdefault(attempt_key, now)
+        elif status != "running":
+            self._first_report.pop(attempt_key, None)
         event = TaskCheckpoint(
             job_id=job_id,
             task_id=task_id,
-            attempt=_int_or_value(attempt),
-            checkpoint_time=_now(at),
+            attempt=attempt_no,
+            checkpoint_time=now,
             status=status,
             machine_id=machine_id,
             features={name: _number_or_value(value) for name, value in features.items()},
@@ -141,6 +151,7 @@ class TelemetryProducer:
 
     def end_job(self, job_id: str, *, at: float | None = None) -> None:
         """Tell the pipeline the job is over, so its state can be dropped (its waiting reports go first)."""
+        self._first_report = {k: v for k, v in self._first_report.items() if k[0] != job_id}
         self._send_batch(job_id)
         self._send(self.topics.job_events, job_id, JobEvent(job_id=job_id, event="ended", time=_now(at)))
 

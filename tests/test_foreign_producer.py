@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from confluent_kafka.admin import AdminClient
 from jobs_for_tests import make_job
 
 import producers.replayer as replayer_module
@@ -43,7 +42,7 @@ from schemas import (
 from straggler.core.partitioner import partition_of
 from straggler.core.policies import Unlimited
 from straggler.evaluation import EvaluationConfig, method_decisions
-from straggler.kafka.config import admin_config
+from straggler.kafka.groups import wait_for_stable_group
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process
@@ -168,23 +167,6 @@ def kcat_read(bootstrap: str, topic: str) -> list[tuple[str, int, bytes]]:
     return rows
 
 
-def wait_for_members(bootstrap: str, group: str, members: int, timeout: float) -> None:
-    """Until the consumer group is stable with ``members`` members (both workers own partitions)."""
-    admin = AdminClient(admin_config(bootstrap))
-    deadline = time.monotonic() + timeout
-    seen = "no description"
-    while time.monotonic() < deadline:
-        try:
-            description = admin.describe_consumer_groups([group])[group].result(timeout=10)
-            seen = f"{description.state.name} with {len(description.members)} member(s)"
-            if description.state.name == "STABLE" and len(description.members) == members:
-                return
-        except Exception as error:  # not created yet
-            seen = str(error)
-        time.sleep(1.0)
-    raise AssertionError(f"group {group} never had {members} stable members: {seen}")
-
-
 def test_kcat_jobs_are_all_predicted_by_two_workers_without_dead_letters(
     kafka_bootstrap: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -234,7 +216,7 @@ def test_kcat_jobs_are_all_predicted_by_two_workers_without_dead_letters(
         child_process(worker(2), logs / "worker-2.log"),
         child_process([*mitigator, "--checkpoint-seconds", "10"], logs / "mitigator.log"),
     ):
-        wait_for_members(kafka_bootstrap, group, 2, timeout=180.0)
+        wait_for_stable_group(kafka_bootstrap, group, 2, timeout=180.0)
         kcat_produce(kafka_bootstrap, topics.job_events, started + live)
         kcat_produce(kafka_bootstrap, topics.checkpoints, tasks + live)
         kcat_produce(kafka_bootstrap, topics.job_events, ended)

@@ -160,8 +160,7 @@ def test_observe_all_equals_one_call_per_observation() -> None:
     for e in events:
         x = np.array([e.features.get(n, np.nan) for n in names])
         if e.status == "running":
-            start = e.start_time if e.start_time is not None else e.checkpoint_time
-            applied = one_by_one.observe_running(e.task_id, x, start, e.checkpoint_time, e.attempt)
+            applied = one_by_one.observe_running(e.task_id, x, e.start_time, e.checkpoint_time, e.attempt)
         elif e.status == "finished":
             assert e.latency is not None
             applied = one_by_one.observe_finished(e.task_id, x, e.latency, e.checkpoint_time, e.attempt)
@@ -193,3 +192,17 @@ def test_observe_all_equals_one_call_per_observation() -> None:
         assert ids == ids1 and np.array_equal(X, X1, equal_nan=True) and np.array_equal(y, y1)
     with pytest.raises(ValueError, match="expected 3 features"):
         batched.observe_all(events[:1], names[:2])
+
+
+def test_a_running_attempt_without_a_start_time_keeps_its_first_reports_time() -> None:
+    """A producer that never sends ``start_time`` (the SDK's callers) must not reset the task's start at
+    every report: elapsed would stay near zero and a hung task would never look slow."""
+    state = JobState("j", n_features=1, expected_tasks=3)
+    x = np.zeros(1)
+    state.observe_running("t", x, None, 100.0)
+    state.observe_running("t", x, None, 160.0)
+    assert state.tasks["t"].start == 100.0
+    state.observe_running("t", x, None, 170.0, attempt=1)  # a new attempt starts anew
+    assert state.tasks["t"].start == 170.0
+    state.observe_running("t", x, 150.0, 180.0, attempt=1)  # a given start is taken as given
+    assert state.tasks["t"].start == 150.0

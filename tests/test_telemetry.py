@@ -176,3 +176,24 @@ def test_closed_producer_refuses_reports(kafka_bootstrap: str, fresh_topic_prefi
     telemetry.close()
     with pytest.raises(RuntimeError, match="closed"):
         telemetry.report("live-3", "a", {"cpu": 1.0})
+
+
+def test_a_report_without_start_time_carries_its_attempts_first_report_time(
+    kafka_bootstrap: str, fresh_topic_prefix: str
+) -> None:
+    create_topics(kafka_bootstrap, partitions=1, prefix=fresh_topic_prefix)
+    topics = TopicNames(fresh_topic_prefix)
+    with TelemetryProducer(kafka_bootstrap, topics=topics) as telemetry:
+        telemetry.report("j", "a", {}, at=100.0)
+        telemetry.report("j", "a", {}, at=110.0)
+        telemetry.report("j", "a", {}, attempt=1, at=115.0)  # a relaunched attempt starts anew
+        telemetry.report("j", "a", {}, "finished", attempt=1, latency=10.0, at=125.0)
+        telemetry.report("j", "a", {}, attempt=2, at=130.0, start_time=126.0)  # given: sent as given
+    sent = [e for _, e in read_all(kafka_bootstrap, topics.checkpoints)]
+    assert [(e.attempt, e.start_time) for e in sent if isinstance(e, TaskCheckpoint)] == [
+        (0, 100.0),
+        (0, 100.0),
+        (1, 115.0),
+        (1, None),
+        (2, 126.0),
+    ]

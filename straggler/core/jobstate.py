@@ -111,13 +111,23 @@ class JobState:
         return x
 
     def observe_running(
-        self, task_id: str, features: FloatArray, start: float, observed_at: float, attempt: int = 0
+        self, task_id: str, features: FloatArray, start: float | None, observed_at: float, attempt: int = 0
     ) -> bool:
-        """Record a running task's latest features. Returns False when the event was stale."""
+        """Record a running task's latest features. Returns False when the event was stale.
+
+        ``start`` None (a producer that does not know it): the start already recorded for the same
+        running attempt, else ``observed_at``, so the attempt's elapsed time still grows."""
         return self._running(task_id, self._check(features), start, observed_at, attempt)
 
-    def _running(self, task_id: str, x: FloatArray, start: float, observed_at: float, attempt: int) -> bool:
+    def _running(
+        self, task_id: str, x: FloatArray, start: float | None, observed_at: float, attempt: int
+    ) -> bool:
         record = self.tasks.get(task_id)
+        if start is None:
+            same_run = (
+                record is not None and record.status == TaskStatus.RUNNING and record.attempt == attempt
+            )
+            start = record.start if same_run and record is not None else observed_at
         if record is not None:
             if attempt < record.attempt:
                 return False
@@ -167,7 +177,7 @@ class JobState:
 
     def observe_all(self, observations: Sequence[TaskObservation], feature_names: Sequence[str]) -> list[str]:
         """Feed task observations in order, each as `observe_running` (started at its ``start_time``,
-        else its checkpoint), `observe_finished` or `observe_gone` by its status; features are read by
+        see there when it has none), `observe_finished` or `observe_gone` by its status; features are read by
         name, one the observation lacks is unknown (NaN). Returns the ids of those that changed the state.
 
         One feature matrix for all of them, not an array per observation: the agent's path for a batch.
@@ -182,8 +192,7 @@ class JobState:
         for o, x in zip(observations, rows, strict=True):
             status = o.status
             if status == "running":
-                start = o.start_time if o.start_time is not None else o.checkpoint_time
-                applied = self._running(o.task_id, x.copy(), start, o.checkpoint_time, o.attempt)
+                applied = self._running(o.task_id, x.copy(), o.start_time, o.checkpoint_time, o.attempt)
             elif status == "finished":
                 assert o.latency is not None  # the schema requires it
                 applied = self._finished_task(o.task_id, x.copy(), o.latency, o.checkpoint_time, o.attempt)
