@@ -111,7 +111,7 @@ def online_job(
         refit_growth=config.refit_growth,
     )
     if isinstance(method, Oracle):  # the control told the future (evaluation only)
-        method.reveal(dict(zip(trace.task_ids, latency.tolist(), strict=True)))
+        method.reveal(dict(zip(trace.task_ids, latency.tolist(), strict=True)), oracle)
     if method.needs_granted_labels:
         # The paper grants Wrangler true labels of a random 2/3 of each job's tasks.
         rng = np.random.default_rng(config.seed)

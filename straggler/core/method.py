@@ -113,7 +113,9 @@ class Scores:
         )
 
     @classmethod
-    def from_labels(cls, is_straggler: BoolArray, score: FloatArray | None = None) -> Scores:
+    def from_labels(
+        cls, is_straggler: BoolArray, score: FloatArray | None = None, probability: FloatArray | None = None
+    ) -> Scores:
         n = len(is_straggler)
         nan = np.full(n, np.nan)
         return cls(
@@ -122,7 +124,7 @@ class Scores:
             adjusted=nan,
             propensity=nan if score is None else np.asarray(score, dtype=np.float64),
             weight=nan,
-            probability=nan,
+            probability=nan if probability is None else np.asarray(probability, dtype=np.float64),
         )
 
 

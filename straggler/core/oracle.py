@@ -19,22 +19,25 @@ from straggler.core.method import CheckpointData, Scores, StragglerMethod
 
 
 class Oracle(StragglerMethod):
-    """Predicts each running task's true latency, revealed by the evaluator before the job starts."""
+    """Labels each running task with the truth, revealed by the evaluator before the job starts: a
+    straggler (probability 1) when its latency reaches the job's true p90, else not (probability 0)."""
 
     name: ClassVar[str] = "oracle"
-    predicts_latency: ClassVar[bool] = True
+    predicts_latency: ClassVar[bool] = False
     uses_future_information: ClassVar[bool] = True
 
     def __init__(self) -> None:
-        """No parameters; the latencies come through `reveal`."""
+        """No parameters; the truth comes through `reveal`."""
 
-    def reveal(self, latency: Mapping[str, float]) -> None:
-        """Every task's true latency, by task id (NaN: the task has none, e.g. it was killed)."""
+    def reveal(self, latency: Mapping[str, float], threshold: float) -> None:
+        """Every task's true latency by task id (NaN: it has none, e.g. it was killed), and the job's
+        true straggler threshold (its p90)."""
         self.latency_ = dict(latency)
+        self.threshold_ = float(threshold)
 
     def fit(self, data: CheckpointData) -> Self:
         if not hasattr(self, "latency_"):
-            raise RuntimeError("the oracle needs the true latencies: call reveal() first")
+            raise RuntimeError("the oracle needs the truth: call reveal() first")
         return self
 
     def predict(self, data: CheckpointData) -> Scores:
@@ -42,6 +45,6 @@ class Oracle(StragglerMethod):
             raise ValueError("the oracle needs the running tasks' ids")
         latency = np.array([self.latency_.get(t, np.nan) for t in data.running_ids], dtype=np.float64)
         known = np.isfinite(latency)
-        truth = np.where(known, latency, data.elapsed_running)  # no latency (killed, cut): as it ran
-        probability = np.where(known, (truth >= data.threshold).astype(np.float64), np.nan)
-        return Scores.from_latency(truth, truth.copy(), data.threshold, probability=probability)
+        straggler = known & (latency >= self.threshold_)
+        probability = np.where(known, straggler.astype(np.float64), np.nan)
+        return Scores.from_labels(straggler, probability=probability)
