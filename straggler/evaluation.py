@@ -35,9 +35,10 @@ from straggler.core.recorded_run import recorded_decisions
 from straggler.core.registry import ORACLE, make_method
 from straggler.core.threshold import oracle_threshold
 from straggler.simulation import (
-    JobOutcome,
     checkpoint_interval,
+    figures,
     limit_outcome,
+    mean_figures,
     relaunch_flagged,
     run_closed_loop,
 )
@@ -168,7 +169,7 @@ def evaluate_job(
     result = JobResult(trace.job_id, trace.n_tasks, int(scored.sum()), trace.excluded_tasks)
     interval = checkpoint_interval(trace, config.checkpoint_seconds)
     limit = limit_outcome(trace, config.seed, interval, config.quantile)
-    result.limit = outcome_figures(limit)
+    result.limit = figures(limit)
     result.oracle = mitigate_job(trace, ORACLE, config, interval)
     for name in config.methods:
         flagged_all, decisions = flag_times(trace, name, config, prototypes)
@@ -207,24 +208,8 @@ def mitigate_job(
     for spec in config.policies:
         job = online_job(trace, method_name, config, prototypes)
         run = run_closed_loop(trace, job, make_policy(spec, interval), config.seed, interval)
-        out[spec] = {**outcome_figures(run.outcome), "commands": len(run.commands)}
+        out[spec] = {**figures(run.outcome), "commands": len(run.commands)}
     return out
-
-
-def outcome_figures(outcome: JobOutcome) -> dict[str, float]:
-    """A job's completion-time reduction and what it cost: extra machine time of the scored tasks
-    (``extra_machine_time``), gross and net over every task, scored or not, and copies won and lost."""
-    machine = outcome.machine
-    assert machine is not None
-    return {
-        "jct_reduction": outcome.reduction,
-        "extra_machine_time": outcome.extra_machine_time,
-        "gross_extra_machine_time": machine.gross,
-        "net_extra_machine_time": machine.net,
-        "copies": machine.copies,
-        "copies_won": machine.copies_won,
-        "copies_lost": machine.copies_lost,
-    }
 
 
 def _evaluate_star(args: tuple[JobTrace, EvaluationConfig, Prototypes]) -> JobResult:
@@ -263,23 +248,6 @@ def _mean(values: Iterable[float]) -> float:
     return float(np.mean(finite)) if finite else float("nan")
 
 
-def _mitigation_means(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Means over jobs of `outcome_figures` (copies summed), and how many jobs got longer."""
-    out: dict[str, float] = {
-        key: _mean(row[key] for row in rows)
-        for key in (
-            "jct_reduction",
-            "extra_machine_time",
-            "gross_extra_machine_time",
-            "net_extra_machine_time",
-        )
-    }
-    for key in ("copies", "copies_won", "copies_lost"):
-        out[key] = int(sum(row[key] for row in rows))
-    out["jobs_longer"] = int(sum(row["jct_reduction"] < -1e-12 for row in rows))
-    return out
-
-
 def summarise(results: Sequence[JobResult], config: EvaluationConfig) -> dict[str, Any]:
     """Means over jobs, per method, in the shape of ``summary.json``."""
     methods: dict[str, Any] = {}
@@ -306,12 +274,12 @@ def summarise(results: Sequence[JobResult], config: EvaluationConfig) -> dict[st
         }
     mitigation = {
         name: {
-            spec: _mitigation_means([r.per_method[name]["mitigation"][spec] for r in results])
+            spec: mean_figures([r.per_method[name]["mitigation"][spec] for r in results])
             for spec in config.policies
         }
         for name in config.methods
     }
-    limit = _mitigation_means([r.limit for r in results])
+    limit = mean_figures([r.limit for r in results])
     return {
         "threshold": config.threshold,
         "quantile": config.quantile,
@@ -320,7 +288,7 @@ def summarise(results: Sequence[JobResult], config: EvaluationConfig) -> dict[st
         "mitigation": mitigation,
         "mitigation_limit": {spec: dict(limit) for spec in config.policies},
         "mitigation_oracle": {
-            spec: _mitigation_means([r.oracle[spec] for r in results]) for spec in config.policies
+            spec: mean_figures([r.oracle[spec] for r in results]) for spec in config.policies
         },
         "methods": methods,
         "jobs": len(results),

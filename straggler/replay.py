@@ -44,7 +44,7 @@ from straggler.kafka.config import consumer_config
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.offsets import end_offset
-from straggler.simulation import checkpoint_interval, limit_outcome
+from straggler.simulation import checkpoint_interval, figures, limit_outcome, mean_figures
 
 STRAGGLER_COMMAND = ("-m", "straggler.cli")
 """What Python runs for ``straggler ARGS``."""
@@ -329,6 +329,7 @@ def run_replay(
     latencies = decision_latencies_ms(outputs)
     outcomes = [result.outcomes[t.job_id] for t in traces]
     limits = [limit_outcome(t, seed, checkpoint_interval(t, checkpoint_seconds)) for t in traces]
+    cost = mean_figures([figures(o) for o in outcomes])
     jct = float(np.mean([o.reduction for o in outcomes])) if outcomes else 0.0
     limit = float(np.mean([o.reduction for o in limits])) if limits else 0.0
     actions: dict[str, int] = {}
@@ -340,6 +341,8 @@ def run_replay(
         "jobs": len(traces),
         "jct_reduction": jct,
         "extra_machine_time": float(np.mean([o.extra_machine_time for o in outcomes])) if outcomes else 0.0,
+        **{key: cost[key] for key in ("gross_extra_machine_time", "net_extra_machine_time")},
+        **{key: cost[key] for key in ("copies", "copies_won", "copies_lost")},
         "limit_jct_reduction": limit,
         "fraction_of_limit": jct / limit if limit > 0 else None,
         "jobs_longer": sum(o.reduction < -1e-12 for o in outcomes),
@@ -367,9 +370,12 @@ def _report(summary: dict[str, Any]) -> str:
         f"# Closed-loop replay through Kafka\n\n"
         f"Method `{summary['method']}`, policy `{summary['policy']}`, {summary['jobs']} jobs.\n\n"
         f"**Completion time {summary['jct_reduction']:+.1%}** (mean over jobs; positive is sooner) for "
-        f"**{summary['extra_machine_time']:+.1%} machine time**; the limit on the same jobs and draws is "
-        f"{summary['limit_jct_reduction']:+.1%}, so this reaches "
-        f"{'n/a' if share is None else f'{share:.0%}'} of it. Jobs made longer: {summary['jobs_longer']}.\n\n"
+        f"**{summary['gross_extra_machine_time']:+.1%} machine time gross** "
+        f"({summary['net_extra_machine_time']:+.1%} net of what winning copies saved; every task, scored "
+        f"or not); the limit on the same jobs and draws is {summary['limit_jct_reduction']:+.1%}, so this "
+        f"reaches {'n/a' if share is None else f'{share:.0%}'} of it. Copies: {summary['copies']}, "
+        f"{summary['copies_won']} won their race, {summary['copies_lost']} lost. "
+        f"Jobs made longer: {summary['jobs_longer']}.\n\n"
         "| events produced | predictions | commands | dead letters | F1 | TPR | FPR "
         "| decision latency p50 / p99 (ms) |\n"
         "|---|---|---|---|---|---|---|---|\n"
@@ -378,9 +384,10 @@ def _report(summary: dict[str, Any]) -> str:
         f"| {fmt(latency['p50'])} / {fmt(latency['p99'])} |\n\n"
         "Completion time: from the commands the closed loop carried out (a new run's latency is drawn "
         "from the job's latencies, fixed seed; a speculative copy races the original, first finisher "
-        "wins). Machine time: every attempt's run until it ended or was killed, beyond the trace's own "
-        "runs. Limit: a copy of every true p90 straggler at the first checkpoint it runs (future "
-        "information). F1/TPR/FPR: the stream's first straggler prediction per task against the job's "
-        "true p90 stragglers, mean over jobs. Decision latency: from a checkpoint boundary's produce "
+        "wins). Machine time gross: the runs of every attempt beyond each task's first (copies, "
+        "relaunches) until it ended or was killed, as a share of the trace's own runs; net: all runs after "
+        "the commands less the trace's own. Limit: a copy of every true p90 straggler at the first "
+        "checkpoint it runs (future information). F1/TPR/FPR: the stream's first straggler prediction "
+        "per task against the job's true p90 stragglers, mean over jobs. Decision latency: from a checkpoint boundary's produce "
         "time to the last prediction or command it caused.\n"
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -379,6 +379,34 @@ class JobOutcome:
     @property
     def relaunched(self) -> int:
         return int(np.count_nonzero(self.attempts > 0))
+
+
+def figures(outcome: JobOutcome) -> dict[str, float]:
+    """A job's completion-time reduction and what it cost: extra machine time of the scored tasks
+    (``extra_machine_time``), gross and net over every task, scored or not, and copies won and lost."""
+    machine = outcome.machine
+    assert machine is not None, "an outcome from JobSimulation.outcome carries its machine use"
+    return {
+        "jct_reduction": outcome.reduction,
+        "extra_machine_time": outcome.extra_machine_time,
+        "gross_extra_machine_time": machine.gross,
+        "net_extra_machine_time": machine.net,
+        "copies": machine.copies,
+        "copies_won": machine.copies_won,
+        "copies_lost": machine.copies_lost,
+    }
+
+
+def mean_figures(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """`figures` over jobs: means of the shares, sums of the copies, and how many jobs got longer."""
+    out: dict[str, float] = {}
+    for key in ("jct_reduction", "extra_machine_time", "gross_extra_machine_time", "net_extra_machine_time"):
+        values = [row[key] for row in rows if math.isfinite(row[key])]
+        out[key] = float(np.mean(values)) if values else math.nan
+    for key in ("copies", "copies_won", "copies_lost"):
+        out[key] = int(sum(row[key] for row in rows))
+    out["jobs_longer"] = int(sum(row["jct_reduction"] < -1e-12 for row in rows))
+    return out
 
 
 @dataclass

@@ -12,7 +12,7 @@ from schemas import RelaunchCommand, command_id, decode
 from straggler.core.policy_spec import make_policy
 from straggler.evaluation import EvaluationConfig, online_job
 from straggler.replay import run_replay
-from straggler.simulation import run_closed_loop
+from straggler.simulation import figures, mean_figures, run_closed_loop
 
 pytestmark = pytest.mark.broker
 
@@ -45,6 +45,7 @@ def test_closed_loop_speculation_through_kafka_equals_the_offline_simulation(
     offline = []
     config = EvaluationConfig(methods=("nurd",), threshold="online")
     reductions = []
+    runs = []
     for trace in traces:
         run = run_closed_loop(trace, online_job(trace, "nurd", config), make_policy("speculate", 4.0), 0, 4.0)
         offline += [
@@ -58,6 +59,7 @@ def test_closed_loop_speculation_through_kafka_equals_the_offline_simulation(
             for a in run.commands
         ]
         reductions.append(run.outcome.reduction)
+        runs.append(run)
     assert {"duplicate", "kill"} <= {action for _, _, action, _, _ in offline}, (
         "the scenario must race copies"
     )
@@ -67,4 +69,9 @@ def test_closed_loop_speculation_through_kafka_equals_the_offline_simulation(
     assert summary["jobs_longer"] == 0 and summary["jct_reduction"] > 0
     report = (tmp_path / "report.md").read_text()
     assert f"**Completion time {summary['jct_reduction']:+.1%}**" in report
-    assert f"{summary['extra_machine_time']:+.1%} machine time" in report
+    assert f"{summary['gross_extra_machine_time']:+.1%} machine time gross" in report
+    offline_cost = mean_figures([figures(run.outcome) for run in runs])
+    for key in ("gross_extra_machine_time", "net_extra_machine_time", "copies", "copies_won", "copies_lost"):
+        assert summary[key] == pytest.approx(offline_cost[key]), key
+    assert summary["copies"] == summary["copies_won"] + summary["copies_lost"] > 0
+    assert f"{summary['copies_won']} won their race, {summary['copies_lost']} lost" in report
