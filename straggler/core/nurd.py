@@ -649,6 +649,7 @@ class Nurd(StragglerMethod):
         self.random_state = random_state
 
     def regressor_part(self) -> GradientBoostedLatency:
+        """The regressor this NURD uses (``regressor``, or the shipped one); likewise below."""
         return GradientBoostedLatency() if self.regressor is None else self.regressor
 
     def weighting_part(self) -> Weighting:
