@@ -42,7 +42,7 @@ PARTS: list[tuple[str, Any, str]] = [
     ("threshold", online, "online_threshold"),
     ("fit", nurd.Nurd, "fit"),
     ("fit.xgboost", nurd, "fit_regressor"),
-    ("fit.calibration", nurd.Nurd, "_calibrate_ranking"),
+    ("fit.calibration", nurd.CalibratedGate, "_calibrate_ranking"),
     ("predict", nurd.Nurd, "predict"),
     ("xgboost.predict", xgb.Booster, "inplace_predict"),
 ]

@@ -1,17 +1,28 @@
 import dataclasses
-from typing import Any
 
 import numpy as np
 import pytest
 from job_steps import each_checkpoint
 from jobs_for_tests import make_job
+from sklearn.linear_model import LogisticRegression
 
 from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData
 from straggler.core.nurd import (
     PRESETS,
-    USED_ONLY_WHEN,
+    BacktestGate,
+    CalibratedGate,
+    DensityWeighting,
+    Gate,
+    GradientBoostedLatency,
+    LogisticPropensity,
+    NoGate,
+    NoWeighting,
     Nurd,
+    PaperWeighting,
+    PropensityWeighting,
+    SkillGate,
+    Weighting,
     _judged,
     _Ranking,
     centroid_calibration,
@@ -20,6 +31,7 @@ from straggler.core.nurd import (
 )
 from straggler.core.online import OnlineJob
 from straggler.core.preprocessing import impute_like
+from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
 
 
@@ -141,19 +153,19 @@ def test_a_strength_needs_confident_evidence_that_its_added_flags_are_mostly_rig
 
 
 def _fits_and_final_method(
-    trace: JobTrace, preset: str, monkeypatch: pytest.MonkeyPatch, **overrides: object
+    trace: JobTrace, preset: str | Nurd, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[int, int, Nurd]:
     """Replay ``trace`` through an `OnlineJob`; count XGBoost regressors built and refits made."""
     built = 0
-    make_regressor = Nurd._regressor
+    build = GradientBoostedLatency.build
 
-    def counting(self: Nurd) -> object:
+    def counting(self: GradientBoostedLatency, random_state: int) -> object:
         nonlocal built
         built += 1
-        return make_regressor(self)
+        return build(self, random_state)
 
-    monkeypatch.setattr(Nurd, "_regressor", counting)
-    method = make_nurd(preset, **overrides)
+    monkeypatch.setattr(GradientBoostedLatency, "build", counting)
+    method = make_nurd(preset) if isinstance(preset, str) else preset
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
     for _ in each_checkpoint(job, trace):
         pass
@@ -170,7 +182,9 @@ def test_warm_nurd_fits_one_regressor_per_refit_once_it_has_a_past(monkeypatch: 
     assert cold_built > 4 * cold_refits  # regressor, 3 skill folds, and the backtest's probes
     # cold estimates only while there is no past: the first fits pay 4 (regressor + 3 folds)
     assert warm_built <= warm_refits + 3 * 3
-    assert len(warm.history_) == warm.reuse_past_fits and all(not past.history_ for past in warm.history_)
+    assert isinstance(warm.gate, SkillGate)
+    assert len(warm.history_) == warm.gate.reuse_past_fits
+    assert all(not past.history_ for past in warm.history_)
 
 
 @pytest.mark.parametrize(("signal", "low", "high"), [(1.0, 0.5, 1.0), (0.0, 0.0, 0.1)])
@@ -182,102 +196,125 @@ def test_warm_skill_is_how_well_past_fits_predicted_later_tasks(
 
 
 def test_parameters_are_stored_as_given_and_checked_in_fit() -> None:
-    """scikit-learn's convention: ``__init__`` stores, ``fit`` refuses."""
-    method = Nurd(weighting="bogus", eps=-1.0)  # type: ignore[arg-type]
-    assert method.get_params()["weighting"] == "bogus" and method.eps == -1.0
-    with pytest.raises(ValueError, match="weighting must be one of"):
+    """scikit-learn's convention: ``__init__`` stores, ``fit`` refuses; each part checks its own."""
+    weighting = DensityWeighting(eps=-1.0)
+    method = Nurd(weighting=weighting)
+    assert method.weighting is weighting and weighting.get_params()["eps"] == -1.0
+    with pytest.raises(ValueError, match="The 'eps' parameter of DensityWeighting must be"):
         method.fit(_checkpoint())
 
 
 @pytest.mark.parametrize(
-    ("switch", "value"), [("weighting", "centroid"), ("gate", "calibrate"), ("gate", None)]
+    ("slot", "value"),
+    [("regressor", "xgboost"), ("weighting", "density"), ("gate", "calibrated"), ("gate", NoWeighting())],
 )
-def test_an_unknown_choice_is_refused(switch: str, value: Any) -> None:
-    params: dict[str, Any] = {switch: value}
-    with pytest.raises(ValueError, match=f"{switch} must be one of .*got {value!r}"):
-        Nurd(**params).fit(_checkpoint())
+def test_a_part_that_is_not_one_is_refused(slot: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"The '{slot}' parameter of Nurd must be an instance of"):
+        Nurd(**{slot: value}).fit(_checkpoint())  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("preset", "name", "bad", "good"),
-    [
-        ("nurd-paper", "log_target", 1, True),
-        ("nurd", "balanced_propensity", "yes", False),
-        ("nurd-paper", "alpha", 1.5, 1.0),
-        ("nurd-paper", "alpha", -0.1, 0.0),
-        ("nurd", "eps", 0.0, 1.0),
-        ("nurd", "eps", 1.5, 0.05),
-        ("gbtr", "n_estimators", 0, 1),
-        ("gbtr", "n_estimators", 2.0, 2),
-        ("gbtr", "max_depth", True, 1),
-        ("gbtr", "learning_rate", 0.0, 1.0),
-        ("gbtr", "learning_rate", float("nan"), 0.3),
-        ("nurd-backtest", "skill_folds", 1, 2),
-        ("nurd", "evidence", 1.0, 0.99),
-        ("nurd", "evidence", 0.0, 0.01),
-        ("nurd-backtest", "reuse_past_fits", -1, 0),
-        ("nurd", "significance", 0.0, 0.05),
-        ("nurd", "min_stragglers", 0, 1),
-        ("nurd", "flag_probability", 1.0, 0.5),
-        ("nurd", "max_scored", 0, 1),
-        ("gbtr", "n_threads", 0, 2),
-        ("gbtr", "random_state", -1, 0),
-        ("gbtr", "random_state", None, np.int64(7)),
-    ],
+def test_nurd_with_no_arguments_is_what_the_registry_ships() -> None:
+    assert make_method("nurd", seed=0).get_params() == Nurd().get_params()
+    assert isinstance(Nurd().gate_part(), CalibratedGate)
+    assert isinstance(Nurd().weighting_part(), DensityWeighting)
+
+
+_PARTS = (
+    GradientBoostedLatency,
+    LogisticPropensity,
+    NoWeighting,
+    PropensityWeighting,
+    PaperWeighting,
+    DensityWeighting,
+    NoGate,
+    SkillGate,
+    BacktestGate,
+    CalibratedGate,
 )
-def test_a_value_out_of_range_is_refused_and_the_edge_of_the_range_is_not(
-    preset: str, name: str, bad: object, good: object
+
+_OUT_OF_RANGE: list[tuple[type, str, object, object]] = [
+    (GradientBoostedLatency, "log_target", 1, False),
+    (GradientBoostedLatency, "n_estimators", 0, 1),
+    (GradientBoostedLatency, "n_estimators", 2.0, 2),
+    (GradientBoostedLatency, "max_depth", 0, 1),
+    (GradientBoostedLatency, "learning_rate", 0.0, 1.0),
+    (GradientBoostedLatency, "learning_rate", float("nan"), 0.3),
+    (GradientBoostedLatency, "n_threads", 0, 2),
+    (LogisticPropensity, "balanced", "yes", False),
+    (PropensityWeighting, "eps", 1.5, 1.0),
+    (PropensityWeighting, "propensity", "balanced", LogisticPropensity(balanced=False)),
+    (PaperWeighting, "alpha", 1.5, 1.0),
+    (PaperWeighting, "alpha", -0.1, 0.0),
+    (PaperWeighting, "eps", 0.0, 0.01),
+    (PaperWeighting, "propensity", True, None),
+    (DensityWeighting, "eps", 0.0, 1.0),
+    (DensityWeighting, "propensity", LogisticRegression(), LogisticPropensity()),
+    (SkillGate, "folds", 1, 2),
+    (SkillGate, "reuse_past_fits", -1, 0),
+    (BacktestGate, "folds", 1, 2),
+    (BacktestGate, "reuse_past_fits", 0.5, 3),
+    (BacktestGate, "evidence", 1.0, 0.99),
+    (CalibratedGate, "evidence", 0.0, 0.01),
+    (CalibratedGate, "significance", 0.0, 0.05),
+    (CalibratedGate, "min_stragglers", 0, 1),
+    (CalibratedGate, "flag_probability", 1.0, 0.5),
+    (CalibratedGate, "max_scored", 0, 1),
+]
+
+
+def _nurd_with(part: object) -> Nurd:
+    """A NURD holding ``part`` where it belongs (a propensity model inside the density weighting)."""
+    if isinstance(part, GradientBoostedLatency):
+        return Nurd(regressor=part)
+    if isinstance(part, LogisticPropensity):
+        return Nurd(weighting=DensityWeighting(part))
+    if isinstance(part, Weighting):
+        return Nurd(weighting=part)
+    assert isinstance(part, Gate)
+    return Nurd(gate=part)
+
+
+def test_every_parameter_of_every_part_has_a_case_below() -> None:
+    every = {(part, name) for part in _PARTS for name in part().get_params()}
+    assert every == {(part, name) for part, name, *_ in _OUT_OF_RANGE}
+
+
+@pytest.mark.parametrize(("part", "name", "bad", "good"), _OUT_OF_RANGE)
+def test_a_value_out_of_range_is_refused_by_its_part_and_the_edge_of_the_range_is_not(
+    part: type, name: str, bad: object, good: object
 ) -> None:
-    with pytest.raises(ValueError, match=f"Nurd: {name} must be"):
-        make_nurd(preset, **{name: bad}).fit(_checkpoint())
-    make_nurd(preset, **{name: good}).fit(_checkpoint())
+    with pytest.raises(ValueError, match=f"The '{name}' parameter of {part.__name__} must be"):
+        _nurd_with(part(**{name: bad})).fit(_checkpoint())
+    _nurd_with(part(**{name: good})).fit(_checkpoint())
+
+
+@pytest.mark.parametrize(("bad", "good"), [(-1, 0), (None, np.int64(7)), (1.5, 2)])
+def test_a_random_state_out_of_range_is_refused(bad: object, good: object) -> None:
+    with pytest.raises(ValueError, match="The 'random_state' parameter of Nurd must be"):
+        Nurd(random_state=bad).fit(_checkpoint())  # type: ignore[arg-type]
+    Nurd(random_state=good).fit(_checkpoint())  # type: ignore[arg-type]
 
 
 def test_the_backtest_gate_needs_the_density_weight() -> None:
-    """It picks the density weight's strength; with another weighting it would be gate "skill"."""
-    for weighting in ("none", "paper", "nc"):
-        with pytest.raises(ValueError, match=r"gate='backtest' .* needs weighting='density'"):
-            Nurd(weighting=weighting, gate="backtest").fit(_checkpoint())
-        Nurd(weighting=weighting, gate="skill").fit(_checkpoint())
+    """It picks the density weight's strength; with another weighting it would be a `SkillGate`."""
+    for weighting in (NoWeighting(), PaperWeighting(), PropensityWeighting()):
+        with pytest.raises(ValueError, match="BacktestGate picks DensityWeighting's strength"):
+            Nurd(weighting=weighting, gate=BacktestGate()).fit(_checkpoint())
+        Nurd(weighting=weighting, gate=SkillGate()).fit(_checkpoint())
 
 
-_UNUSED_WHEN: dict[str, tuple[dict[str, Any], Any]] = {
-    "balanced_propensity": ({"weighting": "none", "gate": "none"}, False),
-    "eps": ({"weighting": "none", "gate": "calibrated"}, 0.1),
-    "alpha": ({"weighting": "density", "gate": "none"}, 0.4),
-    "skill_folds": ({"gate": "calibrated"}, 5),
-    "reuse_past_fits": ({"gate": "calibrated"}, 3),
-    "evidence": ({"gate": "skill"}, 0.9),
-    "significance": ({"gate": "backtest"}, 0.01),
-    "min_stragglers": ({"gate": "skill"}, 10),
-    "flag_probability": ({"gate": "none"}, 0.5),
-    "max_scored": ({"gate": "backtest"}, 100),
-}
-
-
-def test_each_conditional_parameter_has_a_case_below() -> None:
-    assert set(_UNUSED_WHEN) == set(USED_ONLY_WHEN)
-
-
-@pytest.mark.parametrize("name", list(_UNUSED_WHEN))
-def test_a_parameter_set_where_its_switches_leave_it_unused_is_refused(name: str) -> None:
-    """Set away from its default where no switch reads it: refused; at its default there: accepted;
-    the same value where a switch reads it: accepted."""
-    switches, value = _UNUSED_WHEN[name]
-    with pytest.raises(ValueError, match=f"Nurd: {name}={value!r} is unused"):
-        Nurd(**switches, **{name: value}).fit(_checkpoint())
-    Nurd(**switches).fit(_checkpoint())
-    switch, readers = USED_ONLY_WHEN[name]
-    Nurd(**{**switches, switch: readers[0], name: value}).fit(_checkpoint())
-
-
-def test_a_backtest_probe_leaves_unused_parameters_at_their_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backtest refits probes with gate "skill", which reads no ``evidence``: a backtest NURD with
-    its own ``evidence`` must not hand it to its probes (they would refuse it)."""
-    trace = make_job(400, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
-    built, refits, method = _fits_and_final_method(trace, "nurd-backtest", monkeypatch, evidence=0.8)
-    assert method.evidence == 0.8
-    assert built > 4 * refits  # the probes ran
+@pytest.mark.parametrize("preset", ["nurd", "nurd-paper", "nurd-backtest"])
+def test_a_prediction_depends_on_the_fit_and_the_checkpoint_alone(preset: str) -> None:
+    """No state ties ``predict`` to the calls before it: after scoring the fit's own checkpoint and
+    another, a checkpoint scores as it does right after the fit."""
+    seen, other = _checkpoint(seed=0), _checkpoint(n_fin=60, seed=1)
+    alone = make_nurd(preset).fit(seen).predict(other)
+    method = make_nurd(preset).fit(seen)
+    for data in (seen, other, seen):
+        method.predict(data)
+    again = method.predict(other)
+    for field in ("latency", "adjusted", "probability", "is_straggler"):
+        np.testing.assert_array_equal(getattr(alone, field), getattr(again, field))
 
 
 def test_a_job_is_calibrated_once_and_fit_never_calibrates_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -295,9 +332,11 @@ def test_a_job_is_calibrated_once_and_fit_never_calibrates_again(monkeypatch: py
     data = _checkpoint()
     alone = make_nurd("nurd-paper").fit(data)
     X_fin, X_run = impute_like(data.X_finished, data.X_finished), impute_like(data.X_finished, data.X_running)
-    assert alone.delta_ == centroid_calibration(X_fin, X_run, alone.alpha)
+    assert isinstance(alone.weighting, PaperWeighting)
+    alpha = alone.weighting.alpha
+    assert alone.delta_ == centroid_calibration(X_fin, X_run, alpha)
     alone.fit(_checkpoint(n_fin=100, seed=1))
-    assert alone.delta_ == centroid_calibration(X_fin, X_run, alone.alpha)
+    assert alone.delta_ == centroid_calibration(X_fin, X_run, alpha)
 
 
 def test_a_recorded_ranking_is_judged_only_once_its_outcome_is_known_whatever_it_is() -> None:
@@ -349,6 +388,8 @@ def test_a_calibrator_acts_only_once_the_flags_of_its_predecessors_proved_mostly
     acting = [i for i, (_, admitted) in enumerate(history) if admitted]
     assert acting, "the slow machine group is visible: the calibrator must end up acting"
     first = acting[0]
-    candidates_before = [i for i, (c, _) in enumerate(history[:first]) if c["p_value"] < method.significance]
+    gate = method.gate_part()
+    assert isinstance(gate, CalibratedGate)
+    candidates_before = [i for i, (c, _) in enumerate(history[:first]) if c["p_value"] < gate.significance]
     assert candidates_before, "a candidate predicted in the shadow before the first acting calibrator"
     assert history[first][0]["shadow_right"] > history[first][0]["shadow_wrong"]

@@ -1,10 +1,12 @@
-"""NURD: negative-unlabeled straggler prediction (Ding et al., MLSys 2022), and its variants.
+"""NURD: negative-unlabeled straggler prediction (Ding et al., MLSys 2022), built from parts.
 
-Per checkpoint: a latency regressor h (XGBoost) on the finished tasks, a propensity model (finished vs
-running), a weight w per running task; adjusted latency = h(x) / w, straggler if >= threshold. One
-class, several presets (`PRESETS`): ``nurd-paper`` (the paper literally), ``nurd-nc``, ``gbtr``,
-``nurd`` (shipped: the adjusted latency as a ranking, calibrated per job from its own past),
-``nurd-backtest`` and ``nurd-warm``.
+Per checkpoint, as in the paper: a latency regressor h on the finished tasks
+(`GradientBoostedLatency`), a propensity model z = P(finished | x) (`LogisticPropensity`) turned into a
+weight w per running task (a `Weighting`), adjusted latency = h(x) / w, straggler if >= threshold.
+A `Gate` decides how far h and w are trusted: fully (`NoGate`), by h's skill (`SkillGate`), by a
+backtest of w's strength (`BacktestGate`), or through a ranking calibrated on the job's own past
+(`CalibratedGate`). Each part holds and checks its own parameters; `Nurd()` is the shipped ``nurd``
+and `PRESETS` builds the variants compared with it.
 
 What each preset does and why: docs/module-notes.md (measurements: docs/results.md §8, §10).
 """
@@ -12,19 +14,20 @@ What each preset does and why: docs/module-notes.md (measurements: docs/results.
 from __future__ import annotations
 
 import copy
-import inspect
-import math
-from collections.abc import Iterator, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, ClassVar, Literal, Self, get_args
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import xgboost as xgb
 from scipy.special import betaincc, chdtrc, expit, logit
 from scipy.stats import rankdata
+from sklearn.base import BaseEstimator
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
+from sklearn.utils._param_validation import Interval, validate_parameter_constraints
 
 from straggler.core.arrays import BoolArray, FloatArray
 from straggler.core.fast_paths import fit_logistic, fit_regressor, positive_probability, regressor_predict
@@ -41,10 +44,11 @@ from straggler.core.state import (
 )
 from straggler.core.survival import LatencySurvival
 
-Weighting = Literal["none", "paper", "nc", "density"]
-Gate = Literal["none", "skill", "backtest", "calibrated"]
 STRENGTHS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 """Candidate strengths of the density weight; the backtest picks one per job and refit."""
+
+_AT_LEAST_ONE = Interval(Integral, 1, None, closed="left")
+_PROBABILITY = Interval(Real, 0, 1, closed="neither")
 
 
 def centroid_calibration(X_finished: FloatArray, X_running: FloatArray, alpha: float) -> float:
@@ -71,143 +75,275 @@ def mostly_right(right: int, wrong: int, confidence: float) -> bool:
     return float(betaincc(right + 1, wrong + 1, 0.5)) >= confidence  # the Beta posterior's sf at 1/2
 
 
-class Nurd(StragglerMethod):
-    """NURD and its ablations; parameters as in scikit-learn, learned state ends with ``_``.
+# -- the regressor and the propensity model ----------------------------------------------------------
 
-    ``reuse_past_fits``: how many of the job's previous fits the backtest and the skill estimate reuse
-    instead of refitting copies (0: none; ``nurd-warm``: 3). Not scikit-learn's ``warm_start``: every
-    fit still trains its models from scratch.
 
-    ``fit`` checks the parameters (`_check_params`): a choice or value out of range, or a parameter
-    set away from its default where the switches make it unused (`USED_ONLY_WHEN`), is a ValueError.
-    ``calibrate`` (the paper's centroid offset ``delta_``, read only by ``weighting="paper"``) runs
-    once per job, called by the driver; ``fit`` calls it only on a model never calibrated (a unit
-    test's, a backtest probe's), never again. Unrelated: gate ``"calibrated"`` (`_calibrate_ranking`).
-    """
+class GradientBoostedLatency(BaseEstimator):
+    """The latency regressor h: XGBoost trees on the finished tasks. ``log_target``: learn log
+    latency (skewed latencies), else latency itself (the paper's GBTR)."""
 
-    name = "nurd"
-    _scored: _RunningScores | None = None
-    """`_running_scores`' last result (not learned state: a fit or `set_state` forgets it)."""
-    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
-        "scaler_": STANDARDISER,
-        "regressor_": optional(XGB_REGRESSOR),
-        "propensity_": optional(linear_model(LogisticRegression)),
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "n_estimators": [_AT_LEAST_ONE],
+        "max_depth": [_AT_LEAST_ONE],
+        "learning_rate": [Interval(Real, 0, 1, closed="right")],
+        "log_target": ["boolean"],
+        "n_threads": [_AT_LEAST_ONE],
     }
 
     def __init__(
         self,
-        weighting: Weighting = "density",
-        gate: Gate = "backtest",
-        log_target: bool = True,
-        balanced_propensity: bool = True,
-        alpha: float = 0.5,
-        eps: float = 0.05,
         n_estimators: int = 60,
         max_depth: int = 4,
         learning_rate: float = 0.1,
-        skill_folds: int = 3,
-        evidence: float = 0.85,
-        reuse_past_fits: int = 0,
-        significance: float = 1e-3,
-        min_stragglers: int = 5,
-        flag_probability: float = 0.7,
-        max_scored: int = 400,
+        log_target: bool = True,
         n_threads: int = 1,
-        random_state: int = 0,
     ) -> None:
-        self.weighting = weighting
-        self.gate = gate
-        self.log_target = log_target
-        self.balanced_propensity = balanced_propensity
-        self.alpha = alpha
-        self.eps = eps
         self.n_estimators = n_estimators
         self.max_depth = max_depth
         self.learning_rate = learning_rate
-        self.skill_folds = skill_folds
-        self.evidence = evidence
-        self.reuse_past_fits = reuse_past_fits
-        self.significance = significance
-        self.min_stragglers = min_stragglers
-        self.flag_probability = flag_probability
-        self.max_scored = max_scored
+        self.log_target = log_target
         self.n_threads = n_threads
-        self.random_state = random_state
 
-    def _check_params(self) -> None:
-        """Raise ValueError naming the first parameter out of range, or set where it is unused."""
-        params = self.get_params()
-        for switch, choices in (("weighting", get_args(Weighting)), ("gate", get_args(Gate))):
-            if params[switch] not in choices:
-                raise ValueError(f"Nurd: {switch} must be one of {choices}, got {params[switch]!r}")
-        for name, allowed in _RANGES.items():
-            allowed.check(name, params[name])
-        if self.gate == "backtest" and self.weighting != "density":
-            raise ValueError(
-                "Nurd: gate='backtest' picks the density weight's strength, so it needs "
-                f"weighting='density', got {self.weighting!r} (gate='skill' is the same without it)"
-            )
-        for name in _unused(params):
-            if params[name] != _DEFAULTS[name]:
-                switch, values = USED_ONLY_WHEN[name]
-                raise ValueError(
-                    f"Nurd: {name}={params[name]!r} is unused: only {switch} in {values} reads it, "
-                    f"got {switch}={params[switch]!r}"
-                )
+    def check(self) -> None:
+        """Raise ValueError naming a parameter out of range."""
+        self._validate_params()
 
-    # -- calibration (once per job) ------------------------------------------------------------
-    def calibrate(self, data: CheckpointData) -> None:
-        if self.weighting == "paper":
-            X_fin = impute_like(data.X_finished, data.X_finished)
-            X_run = impute_like(data.X_finished, data.X_running)
-            self.delta_ = centroid_calibration(X_fin, X_run, self.alpha)
-        else:
-            self.delta_ = 0.0
-
-    # -- learning --------------------------------------------------------------------------------
-    def _regressor(self) -> xgb.XGBRegressor:
+    def build(self, random_state: int) -> xgb.XGBRegressor:
+        """A fresh, unfitted XGBoost regressor with these parameters."""
         return xgb.XGBRegressor(
             n_estimators=self.n_estimators,
             max_depth=self.max_depth,
             learning_rate=self.learning_rate,
             tree_method="hist",
             n_jobs=self.n_threads,
-            random_state=self.random_state,
+            random_state=random_state,
             verbosity=0,
         )
 
-    def _target(self, latency: FloatArray) -> FloatArray:
+    def fit(self, X: FloatArray, target: FloatArray, random_state: int) -> xgb.XGBRegressor:
+        """A regressor fitted to ``target`` (`target`'s scale)."""
+        return fit_regressor(self.build(random_state), X, target)
+
+    def target(self, latency: FloatArray) -> FloatArray:
+        """What the regressor learns: log latency if ``log_target``, else latency."""
         return np.log(np.maximum(latency, 1e-3)) if self.log_target else latency
 
-    def _skill(self, X: FloatArray, y: FloatArray) -> float:
+    def latency(self, target: FloatArray) -> FloatArray:
+        """A prediction on `target`'s scale back in seconds."""
+        return np.exp(target) if self.log_target else np.maximum(target, 0.0)
+
+    def log_latency(self, target: FloatArray) -> FloatArray:
+        """A prediction on `target`'s scale as log seconds."""
+        return target if self.log_target else np.log(np.maximum(target, 1e-3))
+
+
+class LogisticPropensity(BaseEstimator):
+    """The propensity model z = P(finished | x): logistic regression, finished against running.
+    ``balanced``: both classes weigh the same, so z / (1 - z) reads as the density ratio
+    p(x | finished) / p(x | running) (the paper fits it unbalanced)."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {"balanced": ["boolean"]}
+
+    def __init__(self, balanced: bool = True) -> None:
+        self.balanced = balanced
+
+    def check(self) -> None:
+        """Raise ValueError naming a parameter out of range."""
+        self._validate_params()
+
+    def fit(self, X_finished: FloatArray, X_running: FloatArray) -> LogisticRegression:
+        X = np.vstack([X_finished, X_running])
+        labels = np.concatenate([np.ones(len(X_finished)), np.zeros(len(X_running))])
+        return fit_logistic(X, labels, C=1.0, max_iter=300, balanced=self.balanced)
+
+
+# -- the weighting ------------------------------------------------------------------------------------
+
+
+class Weighting(ABC, BaseEstimator):
+    """How a running task's propensity z becomes its weight w in [eps, 1]; adjusted latency = h / w.
+    ``propensity``: the propensity model (None: `LogisticPropensity()`); ``eps``: the smallest weight."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "propensity": [LogisticPropensity, None],
+        "eps": [Interval(Real, 0, 1, closed="right")],
+    }
+    reads_propensity: ClassVar[bool] = True
+
+    def __init__(self, propensity: LogisticPropensity | None = None, eps: float = 0.05) -> None:
+        self.propensity = propensity
+        self.eps = eps
+
+    def check(self) -> None:
+        """Raise ValueError naming a parameter out of range (its propensity model's too)."""
+        self._validate_params()
+        if self.reads_propensity:
+            self.propensity_model().check()
+
+    def propensity_model(self) -> LogisticPropensity:
+        return LogisticPropensity() if self.propensity is None else self.propensity
+
+    def offset(self, data: CheckpointData) -> float:
+        """A per-job constant the weight reads (the paper's delta, `PaperWeighting`), learned once."""
+        return 0.0
+
+    @abstractmethod
+    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+        """w per running task from its propensity ``z`` (ones where no propensity model was fitted),
+        the job's `offset` and the gate's ``strength`` (read by `DensityWeighting` only)."""
+
+    def ranking_weight(self, z: FloatArray) -> FloatArray:
+        """The weight `CalibratedGate` and `BacktestGate` rank by: the density ratio z / (1 - z),
+        clipped to [eps, 1], at full strength."""
+        return np.clip(_odds(z), self.eps, 1.0)
+
+
+class NoWeighting(Weighting):
+    """w = 1: the regressor alone (``gbtr``); no propensity model, no parameters."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {}
+    reads_propensity = False
+
+    def __init__(self) -> None:
+        """No parameters (declared so that ``get_params`` finds none)."""
+
+    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+        return np.ones_like(z)
+
+    def ranking_weight(self, z: FloatArray) -> FloatArray:
+        return np.ones(len(z))
+
+
+class PropensityWeighting(Weighting):
+    """w = clip(z, eps, 1): the paper's weight without its calibration (``nurd-nc``)."""
+
+    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+        return np.clip(z, self.eps, 1.0)
+
+
+class PaperWeighting(Weighting):
+    """w = clip(z + delta, eps, 1), delta = 1 / (1 + rho) - ``alpha`` from the raw feature centroids,
+    once per job (`centroid_calibration`): the paper taken literally (``nurd-paper``)."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **Weighting._parameter_constraints,
+        "alpha": [Interval(Real, 0, 1, closed="both")],
+    }
+
+    def __init__(
+        self, propensity: LogisticPropensity | None = None, eps: float = 0.05, alpha: float = 0.5
+    ) -> None:
+        super().__init__(propensity, eps)
+        self.alpha = alpha
+
+    def offset(self, data: CheckpointData) -> float:
+        X_fin = impute_like(data.X_finished, data.X_finished)
+        X_run = impute_like(data.X_finished, data.X_running)
+        return centroid_calibration(X_fin, X_run, self.alpha)
+
+    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+        return np.clip(z + offset, self.eps, 1.0)
+
+
+class DensityWeighting(Weighting):
+    """w = clip(z / (1 - z), eps, 1) ** strength: a class-balanced propensity read as a density ratio
+    (the literal z + delta sits at eps early in a job and inflates every prediction)."""
+
+    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+        return self.ranking_weight(z) ** strength
+
+
+# -- the gate -----------------------------------------------------------------------------------------
+
+
+class Gate(ABC, BaseEstimator):
+    """How far a fit trusts its regressor and weight. ``fit`` sets the model's ``skill_`` (how far h
+    is shrunk toward the finished mean, under `shrinks_latency`) and ``strength_`` (the density
+    weight's exponent); ``scores`` turns a prediction into `Scores`."""
+
+    shrinks_latency: ClassVar[bool] = False
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {}
+
+    def check(self, weighting: Weighting) -> None:
+        """Raise ValueError naming a parameter out of range, or a weighting this gate cannot use."""
+        self._validate_params()
+
+    def past_fits_kept(self) -> int:
+        """How many of the job's previous fits a fit keeps to reuse (``history_``)."""
+        return 0
+
+    @abstractmethod
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
+        """Learn this gate's part of ``model`` (fitted but for it) from ``data``; ``past``: the job's
+        previous fits kept, ``observed``: the finished then the running tasks' features."""
+
+    def scores(
+        self, model: Nurd, data: CheckpointData, view: _RunningView, latency: FloatArray, weight: FloatArray
+    ) -> Scores:
+        """The running tasks' scores from the predicted ``latency`` and ``weight``."""
+        return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight)
+
+
+class NoGate(Gate):
+    """Trust h and w fully: no shrinkage, strength 1 (``nurd-paper``, ``nurd-nc``, ``gbtr``)."""
+
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
+        model.skill_ = 1.0
+        model.strength_ = 1.0
+
+
+class SkillGate(Gate):
+    """Shrink h toward the finished mean by its skill, R^2 in [0, 1], and take it as the weight's
+    strength. The skill is out-of-fold over ``folds`` folds, or with ``reuse_past_fits`` > 0 how well
+    that many of the job's previous fits predicted the tasks that finished after them (prequential).
+    Not scikit-learn's ``warm_start``: every fit still trains its models from scratch."""
+
+    shrinks_latency = True
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "folds": [Interval(Integral, 2, None, closed="left")],
+        "reuse_past_fits": [Interval(Integral, 0, None, closed="left")],
+    }
+
+    def __init__(self, folds: int = 3, reuse_past_fits: int = 0) -> None:
+        self.folds = folds
+        self.reuse_past_fits = reuse_past_fits
+
+    def past_fits_kept(self) -> int:
+        return int(self.reuse_past_fits)
+
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
+        model.skill_ = self.skill(model, data, past)
+        model.strength_ = model.skill_
+
+    def skill(self, model: Nurd, data: CheckpointData, past: list[Nurd]) -> float:
+        skill = self._prequential_skill(model, data, past) if past else None
+        return self._out_of_fold_skill(model, data) if skill is None else skill
+
+    def _out_of_fold_skill(self, model: Nurd, data: CheckpointData) -> float:
         """Out-of-fold R^2 of the regressor on the finished tasks, clipped to [0, 1]."""
+        regressor = model.regressor_part()
+        X, y = model.scaler_.transform(data.X_finished), regressor.target(data.latency_finished)
         n = len(y)
-        if n < 3 * self.skill_folds or float(np.var(y)) <= 1e-12:
+        if n < 3 * self.folds or float(np.var(y)) <= 1e-12:
             return 0.0
         oof = np.empty(n)
-        folds = KFold(self.skill_folds, shuffle=True, random_state=self.random_state)
+        folds = KFold(self.folds, shuffle=True, random_state=model.random_state)
         for train, test in folds.split(X):
-            oof[test] = regressor_predict(fit_regressor(self._regressor(), X[train], y[train]), X[test])
+            oof[test] = regressor_predict(regressor.fit(X[train], y[train], model.random_state), X[test])
         r2 = 1.0 - float(np.mean((y - oof) ** 2)) / float(np.var(y))
         return float(np.clip(r2, 0.0, 1.0))
 
-    def _past_fits(self, data: CheckpointData) -> list[Nurd]:
-        """This job's previous fits (oldest first), if reused and the data says when it is."""
-        if not self.reuse_past_fits or data.at is None or data.finish_time is None:
-            return []
-        return list(getattr(self, "history_", []))
-
-    def _prequential_skill(self, data: CheckpointData, past: list[Nurd]) -> float | None:
+    def _prequential_skill(self, model: Nurd, data: CheckpointData, past: list[Nurd]) -> float | None:
         """R^2 of the previous fits on the tasks that finished after them, each task judged by the
         last fit made before it finished, against that fit's mean; None if fewer than
-        ``3 * skill_folds`` such tasks. Out of sample by construction, and it measures the models as
+        ``3 * folds`` such tasks. Out of sample by construction, and it measures the models as
         they were used: on tasks that were still running when they were fitted."""
         assert data.finish_time is not None
-        y = self._target(data.latency_finished)
+        y = model.regressor_part().target(data.latency_finished)
         judged_by = np.full(len(y), -1)
         for j, fit in enumerate(past):
             judged_by[data.finish_time > fit.fitted_at_] = j
-        if int(np.sum(judged_by >= 0)) < 3 * self.skill_folds:
+        if int(np.sum(judged_by >= 0)) < 3 * self.folds:
             return None
         error = baseline = 0.0
         for j, fit in enumerate(past):
@@ -222,44 +358,32 @@ class Nurd(StragglerMethod):
             return 0.0
         return float(np.clip(1.0 - error / baseline, 0.0, 1.0))
 
-    def fit(self, data: CheckpointData) -> Self:
-        self._check_params()
-        self._scored = None
-        if not hasattr(self, "delta_"):
-            self.calibrate(data)
-        past = self._past_fits(data)
-        observed = np.vstack([data.X_finished, data.X_running])
-        self.scaler_ = Standardiser.learn(observed, observed)
-        X_fin = self.scaler_.transform(data.X_finished)
-        y = self._target(data.latency_finished)
-        self.mean_target_ = float(np.mean(y)) if len(y) else 0.0
-        self.regressor_: xgb.XGBRegressor | None = None
-        if len(y) >= 2 and float(np.var(y)) > 1e-12:
-            self.regressor_ = fit_regressor(self._regressor(), X_fin, y)
-        self.skill_ = 1.0
-        if self.gate in ("skill", "backtest"):
-            skill = self._prequential_skill(data, past) if past else None
-            self.skill_ = self._skill(X_fin, y) if skill is None else skill
 
-        self.propensity_: LogisticRegression | None = None
-        if self.weighting != "none" and data.n_running > 0 and data.n_finished > 0:
-            X_run = self.scaler_.transform(data.X_running)
-            X = np.vstack([X_fin, X_run])
-            labels = np.concatenate([np.ones(len(X_fin)), np.zeros(len(X_run))])
-            self.propensity_ = fit_logistic(X, labels, C=1.0, max_iter=300, balanced=self.balanced_propensity)
-        self.strength_ = self.skill_ if self.gate == "skill" else 1.0
-        if self.gate == "backtest" and self.weighting == "density":
-            self.strength_ = self._backtest_strength(data, past, observed)
-        if self.gate == "calibrated":
-            self.strength_ = 0.0
-            self._calibrate_ranking(data)
-        if self.reuse_past_fits and data.at is not None:
-            self.fitted_at_ = float(data.at)
-            snapshot: Nurd = copy.copy(self)
-            self.history_: list[Nurd] = [*past, snapshot][-self.reuse_past_fits :]
-            snapshot.history_ = []  # a fit remembers its predecessors, they do not
-            snapshot._scored = None
-        return self
+class BacktestGate(SkillGate):
+    """`SkillGate`'s shrinkage, with the density weight's strength picked by backtests over the job's
+    own past (`strength`); a strength is admitted only on ``evidence`` that the flags it adds were
+    mostly right (`mostly_right`). Needs `DensityWeighting`, whose strength it picks."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **SkillGate._parameter_constraints,
+        "evidence": [_PROBABILITY],
+    }
+
+    def __init__(self, folds: int = 3, reuse_past_fits: int = 0, evidence: float = 0.85) -> None:
+        super().__init__(folds, reuse_past_fits)
+        self.evidence = evidence
+
+    def check(self, weighting: Weighting) -> None:
+        super().check(weighting)
+        if not isinstance(weighting, DensityWeighting):
+            raise ValueError(
+                "BacktestGate picks DensityWeighting's strength, got weighting "
+                f"{weighting!r} (SkillGate is the same without it)"
+            )
+
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
+        model.skill_ = self.skill(model, data, past)
+        model.strength_ = self.strength(model, data, past, observed)
 
     def _rewinds(self, data: CheckpointData, past: list[Nurd]) -> Iterator[tuple[float, Nurd | None]]:
         """The past moments the backtest replays, with the model that predicted then (None: refit it).
@@ -275,21 +399,21 @@ class Nurd(StragglerMethod):
         for share in (0.25, 0.5, 0.75):
             yield float(ordered[int(share * len(ordered)) - 1]), None
 
-    def _backtest_strength(self, data: CheckpointData, past: list[Nurd], X_all: FloatArray) -> float:
+    def strength(self, model: Nurd, data: CheckpointData, past: list[Nurd], X_all: FloatArray) -> float:
         """Pick the weight's strength that would have done best over this job's own past.
 
         The job is rewound to the moments a quarter, a half and three quarters of today's finished
-        tasks had finished; at each, a model is refitted on what had finished then and every task
-        running then is judged with each candidate strength. As in the live protocol, a task flagged
-        at any of those moments stays flagged. A task counts as a straggler only once that is known
-        now (it finished at or over the threshold, or has already run that long); anything else counts
-        as a non-straggler, so flags not yet confirmed cost precision and the choice leans
-        conservative. A strength is admissible only if the flags it adds to strength 0 were mostly
-        right with confidence ``evidence`` (`mostly_right`: precision above 1/2, the break-even point
-        at which an extra flag helps F1); among admissible strengths the best F1 wins, a tie going to
-        the weaker. Everything used is known at this checkpoint. With ``reuse_past_fits``, NURD replays
-        its own previous fits instead of refitting (`_rewinds`). ``X_all``: the finished then the running
-        tasks' features, as `fit` stacked them.
+        tasks had finished; at each, a model is refitted on what had finished then (with a
+        `SkillGate`) and every task running then is judged with each candidate strength. As in the
+        live protocol, a task flagged at any of those moments stays flagged. A task counts as a
+        straggler only once that is known now (it finished at or over the threshold, or has already
+        run that long); anything else counts as a non-straggler, so flags not yet confirmed cost
+        precision and the choice leans conservative. A strength is admissible only if the flags it
+        adds to strength 0 were mostly right with confidence ``evidence`` (`mostly_right`: precision
+        above 1/2, the break-even point at which an extra flag helps F1); among admissible strengths
+        the best F1 wins, a tie going to the weaker. Everything used is known at this checkpoint.
+        With ``reuse_past_fits``, the job's own previous fits are replayed instead (`_rewinds`).
+        ``X_all``: the finished then the running tasks' features, as `Nurd.fit` stacked them.
         """
         if data.at is None or data.finish_time is None or data.start_running is None:
             return 0.0
@@ -302,14 +426,14 @@ class Nurd(StragglerMethod):
             return 0.0  # too few confirmed stragglers for any evidence: spare the refits below
         flagged = np.zeros((len(STRENGTHS), len(truth)), dtype=bool)
         judged = np.zeros(len(truth), dtype=bool)
-        for rewind, model in self._rewinds(data, past):
+        for rewind, then_model in self._rewinds(data, past):
             done_then = finish <= rewind
             running_then = np.r_[~done_then & (start_finished <= rewind), data.start_running <= rewind]
             if done_then.sum() < 3 or running_then.sum() < 3:
                 continue
             starts = np.r_[start_finished, data.start_running][running_then]
             elapsed_then = rewind - starts
-            if model is None:
+            if then_model is None:
                 then = CheckpointData(
                     X_finished=data.X_finished[done_then],
                     latency_finished=latency[done_then],
@@ -321,11 +445,11 @@ class Nurd(StragglerMethod):
                     finish_time=finish[done_then],
                     start_running=starts,
                 )
-                probe = {**self.get_params(), "gate": "skill", "reuse_past_fits": 0}
-                model = Nurd(**_unused_at_default(probe)).fit(then)
-            X = model.scaler_.transform(X_all[running_then])
-            raw = model._raw_latency(X)
-            ratio = np.clip(model._density_ratio(X), self.eps, 1.0)
+                probe = Nurd(model.regressor, model.weighting, SkillGate(self.folds), model.random_state)
+                then_model = probe.fit(then)
+            view = then_model.running_view(X_all[running_then])
+            raw = then_model.predicted_latency(view.guess)
+            ratio = model.weighting_part().ranking_weight(view.z)
             for row, strength in enumerate(STRENGTHS):
                 predicted = np.maximum(raw / ratio**strength, elapsed_then) >= data.threshold
                 flagged[row, running_then] |= predicted
@@ -346,69 +470,92 @@ class Nurd(StragglerMethod):
                 best, best_f1 = strength, float(f1)
         return best
 
-    # -- the calibrated ranking (gate "calibrated") ------------------------------------------------
-    def _percentile(self, guess: FloatArray, ratio: FloatArray) -> FloatArray:
-        """Percentile (near 0: fastest, near 1: slowest) of each running task by NURD's adjusted
-        latency at full strength, log h(x) - log w(x), from the regressor's ``guess`` (`_guess`) and
-        the density ``ratio``: the guess, lifted where the task is unlike the finished ones. A rank,
-        so it means the same before and after a refit."""
-        if len(guess) == 0:
-            return np.zeros(0)
-        log_h = guess if self.log_target else np.log(np.maximum(guess, 1e-3))
-        score = log_h - np.log(np.clip(ratio, self.eps, 1.0))
-        return (rankdata(score) - 0.5) / len(score)
 
-    @staticmethod
-    def _prior(data: CheckpointData) -> FloatArray:
-        """P(latency >= threshold | latency >= elapsed) of each running task, from the job's survival
-        curve alone (finished tasks are events, running ones censored)."""
-        survival = LatencySurvival(data.latency_finished, data.elapsed_running)
-        reach = survival.sf(np.array([data.threshold]))[0]
-        return np.clip(reach / np.maximum(survival.sf(data.elapsed_running), 1e-12), 1e-4, 1.0 - 1e-4)
+class CalibratedGate(Gate):
+    """The adjusted latency as a ranking, calibrated per job from its own past (the shipped ``nurd``).
 
-    def _calibrate_ranking(self, data: CheckpointData) -> None:
+    The weight's strength is 0 (the adjusted latency is h, which flags on its own); the running
+    tasks' percentile by h / w at full strength (`Nurd.percentile`) becomes P(straggler) with a
+    calibrator learned at every fit (`_calibrate_ranking`), and a task is flagged when it reaches
+    ``flag_probability``. Before that, the percentile must pass a likelihood-ratio test at
+    ``significance`` and the flags earlier candidates would have raised must be mostly right at
+    ``evidence``; with no signal it is the reactive rule.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "evidence": [_PROBABILITY],
+        "significance": [_PROBABILITY],
+        "min_stragglers": [_AT_LEAST_ONE],
+        "flag_probability": [_PROBABILITY],
+        "max_scored": [_AT_LEAST_ONE],
+    }
+
+    def __init__(
+        self,
+        evidence: float = 0.85,
+        significance: float = 1e-3,
+        min_stragglers: int = 5,
+        flag_probability: float = 0.7,
+        max_scored: int = 400,
+    ) -> None:
+        self.evidence = evidence
+        self.significance = significance
+        self.min_stragglers = min_stragglers
+        self.flag_probability = flag_probability
+        self.max_scored = max_scored
+
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
+        model.skill_ = 1.0
+        model.strength_ = 0.0
+        self._calibrate_ranking(model, data)
+
+    def _calibrate_ranking(self, model: Nurd, data: CheckpointData) -> None:
         """Learn P(straggler | prior, percentile) from this job's own past rankings whose outcome is
         known now; keep it only if the percentile adds significant evidence to the prior.
 
         At every fit the running tasks' percentiles and survival priors are recorded (at most
-        ``max_scored`` of them). A recorded run is judged once it started at least ``threshold`` ago:
-        by then whether it straggles is known whatever its outcome, so the judged set is not biased
-        toward quick finishers. A logistic regression of the outcome on (logit prior, percentile) is
-        kept when a likelihood-ratio test against the prior alone rejects at ``significance``, with at
-        least ``min_stragglers`` stragglers and as many non-stragglers judged.
+        ``max_scored`` of them) in ``model.rankings_``. A recorded run is judged once it started at
+        least ``threshold`` ago: by then whether it straggles is known whatever its outcome, so the
+        judged set is not biased toward quick finishers. A logistic regression of the outcome on
+        (logit prior, percentile) is kept when a likelihood-ratio test against the prior alone
+        rejects at ``significance``, with at least ``min_stragglers`` stragglers and as many
+        non-stragglers judged.
         """
-        self.calibrator_: tuple[float, float, float] | None = None
-        self.calibration_: dict[str, float] = {"judged": 0, "stragglers": 0, "p_value": 1.0}
-        past: list[_Ranking] = list(getattr(self, "rankings_", []))
-        self.rankings_ = past
+        model.calibrator_ = None
+        model.calibration_ = {"judged": 0, "stragglers": 0, "p_value": 1.0}
+        past: list[_Ranking] = list(getattr(model, "rankings_", []))
+        model.rankings_ = past
         if data.at is None or data.running_ids is None or data.start_running is None:
             return
-        candidate = self._candidate_calibrator(_judged(past, data))
+        candidate, model.calibration_ = self._candidate_calibrator(_judged(past, data))
         if data.n_running and data.n_finished:
             keep = np.arange(data.n_running)
             if len(keep) > self.max_scored:
-                rng = np.random.default_rng([self.random_state, len(past)])
+                rng = np.random.default_rng([model.random_state, len(past)])
                 keep = np.sort(rng.choice(keep, self.max_scored, replace=False))
-            scored = self._running_scores(data)
-            percentile = scored.percentile(self)[keep]
-            prior_logit = logit(scored.prior()[keep])
+            view = model.running_view(data.X_running)
+            percentile = model.percentile(view)[keep]
+            prior_logit = logit(Nurd.prior(data)[keep])
             shadow = np.full(len(keep), np.nan)
             if candidate is not None:
                 a, b, c = candidate
                 shadow = expit(a + b * prior_logit + c * percentile)
             ids = tuple(data.running_ids[i] for i in keep)
             past.append(_Ranking(ids, data.start_running[keep], percentile, prior_logit, shadow))
-        self.calibrator_ = candidate if self.calibration_["validated"] else None
+        model.calibrator_ = candidate if model.calibration_["validated"] else None
 
-    def _candidate_calibrator(self, table: FloatArray) -> tuple[float, float, float] | None:
-        """The calibrator the judged rows support, if any; sets ``calibration_``, whose ``validated``
-        says whether the flags earlier candidates would have raised were mostly right (`mostly_right`
-        at confidence ``evidence``): a calibrator acts only once its predecessors were proven right."""
+    def _candidate_calibrator(
+        self, table: FloatArray
+    ) -> tuple[tuple[float, float, float] | None, dict[str, float]]:
+        """The calibrator the judged rows support, if any, and what was found (``calibration_``),
+        whose ``validated`` says whether the flags earlier candidates would have raised were mostly
+        right (`mostly_right` at confidence ``evidence``): a calibrator acts only once its
+        predecessors were proven right."""
         y = table[:, 3]
         n_pos = int(y.sum())
         would_flag = table[:, 2] >= self.flag_probability  # NaN (no candidate then) compares False
         right, wrong = int(np.sum(would_flag & (y == 1))), int(np.sum(would_flag & (y == 0)))
-        self.calibration_ = {
+        calibration: dict[str, float] = {
             "judged": len(y),
             "stragglers": n_pos,
             "p_value": 1.0,
@@ -417,79 +564,205 @@ class Nurd(StragglerMethod):
             "validated": float(mostly_right(right, wrong, self.evidence)),
         }
         if n_pos < self.min_stragglers or len(y) - n_pos < self.min_stragglers:
-            return None
+            return None, calibration
         X = table[:, :2]
         prior_only = fit_logistic(X[:, :1], y, C=1e4, max_iter=500, balanced=False)
         both = fit_logistic(X, y, C=1e4, max_iter=500, balanced=False)
         gain = _log_likelihood(both, X, y) - _log_likelihood(prior_only, X[:, :1], y)
         p_value = float(chdtrc(1, 2.0 * max(gain, 0.0)))  # chi-squared sf, 1 degree of freedom
-        self.calibration_["p_value"] = p_value
+        calibration["p_value"] = p_value
         if p_value < self.significance and both.coef_[0, 1] > 0:
-            return float(both.intercept_[0]), float(both.coef_[0, 0]), float(both.coef_[0, 1])
-        return None
+            return (float(both.intercept_[0]), float(both.coef_[0, 0]), float(both.coef_[0, 1])), calibration
+        return None, calibration
 
-    def _guess(self, X: FloatArray) -> FloatArray:
-        """The regressor's prediction of the target (log latency if ``log_target``), unshrunk."""
-        if self.regressor_ is None:
-            return np.full(len(X), self.mean_target_)
-        return regressor_predict(self.regressor_, X).astype(np.float64)
+    def scores(
+        self, model: Nurd, data: CheckpointData, view: _RunningView, latency: FloatArray, weight: FloatArray
+    ) -> Scores:
+        """The survival prior as the probability; with an acting calibrator, the calibrated one, and a
+        flag where it reaches ``flag_probability``."""
+        if data.n_finished == 0:
+            return super().scores(model, data, view, latency, weight)
+        prior = Nurd.prior(data)
+        calibrator = getattr(model, "calibrator_", None)
+        if calibrator is None:
+            return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, prior)
+        a, b, c = calibrator
+        probability = expit(a + b * logit(prior) + c * model.percentile(view))
+        flag = probability >= self.flag_probability
+        return Scores.from_latency(
+            latency, latency / weight, data.threshold, view.z, weight, probability, flag
+        )
 
-    def _raw_latency(self, X: FloatArray, guess: FloatArray | None = None) -> FloatArray:
-        """Predicted latency, shrunk by the skill under the skill and backtest gates; ``guess``: the
-        `_guess` for ``X`` if already computed."""
-        pred = self._guess(X) if guess is None else guess
-        if self.regressor_ is not None and self.gate in ("skill", "backtest"):
-            pred = self.mean_target_ + self.skill_ * (pred - self.mean_target_)
-        return np.exp(pred) if self.log_target else np.maximum(pred, 0.0)
 
-    def _weight(self, z: FloatArray) -> FloatArray:
-        eps = self.eps
-        if self.weighting == "none":
-            return np.ones_like(z)
-        if self.weighting == "nc":
-            return np.clip(z, eps, 1.0)
-        if self.weighting == "paper":
-            return np.clip(z + self.delta_, eps, 1.0)
-        return np.clip(_odds(z), eps, 1.0) ** self.strength_
+# -- NURD -----------------------------------------------------------------------------------------
 
-    def _density_ratio(self, X: FloatArray) -> FloatArray:
-        """z / (1 - z) of a class-balanced propensity: ~ p(x | finished) / p(x | running)."""
-        if self.propensity_ is None:
-            return np.ones(len(X))
-        return _odds(positive_probability(self.propensity_, X))
 
-    def _running_scores(self, data: CheckpointData) -> _RunningScores:
-        """The current fit's view of ``data``'s running tasks (at least one), computed once: a fit's
-        ranking (`_calibrate_ranking`) and the `predict` that follows it score the same checkpoint."""
-        scored = self._scored
-        if scored is None or scored.data is not data:
-            X = self.scaler_.transform(data.X_running)
-            z = positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
-            scored = self._scored = _RunningScores(data, X, self._guess(X), z)
-        return scored
+@dataclass(frozen=True)
+class _RunningView:
+    """A fit's view of some running tasks: scaled features ``X``, the regressor's ``guess`` (on its
+    target's scale, unshrunk) and the propensity ``z`` (ones without a propensity model)."""
+
+    X: FloatArray
+    guess: FloatArray
+    z: FloatArray
+
+
+class Nurd(StragglerMethod):
+    """NURD from its parts: a ``regressor``, a ``weighting`` (with its propensity model) and a
+    ``gate``; None is the shipped part, so ``Nurd()`` is the shipped ``nurd``. Parameters are stored
+    as given and checked in ``fit`` (each part checks its own); learned state ends with ``_``.
+
+    ``calibrate`` (the weighting's per-job ``offset``, the paper's centroid delta ``delta_``) runs once
+    per job, called by the driver; ``fit`` calls it only on a model never calibrated (a unit test's,
+    a backtest probe's), never again.
+    """
+
+    name = "nurd"
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
+        "scaler_": STANDARDISER,
+        "regressor_": optional(XGB_REGRESSOR),
+        "propensity_": optional(linear_model(LogisticRegression)),
+    }
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "regressor": [GradientBoostedLatency, None],
+        "weighting": [Weighting, None],
+        "gate": [Gate, None],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+    }
+    # learned state the gate sets (`Gate.fit`); declared only, so unset until a fit sets it
+    skill_: float
+    strength_: float
+    calibrator_: tuple[float, float, float] | None
+    calibration_: dict[str, float]
+    rankings_: list[_Ranking]
+
+    def __init__(
+        self,
+        regressor: GradientBoostedLatency | None = None,
+        weighting: Weighting | None = None,
+        gate: Gate | None = None,
+        random_state: int = 0,
+    ) -> None:
+        self.regressor = regressor
+        self.weighting = weighting
+        self.gate = gate
+        self.random_state = random_state
+
+    def regressor_part(self) -> GradientBoostedLatency:
+        """The regressor this NURD uses (``regressor``, or the shipped one); likewise below."""
+        return GradientBoostedLatency() if self.regressor is None else self.regressor
+
+    def weighting_part(self) -> Weighting:
+        return DensityWeighting() if self.weighting is None else self.weighting
+
+    def gate_part(self) -> Gate:
+        return CalibratedGate() if self.gate is None else self.gate
+
+    def get_params(self) -> dict[str, Any]:
+        """The parameters as plain data, each part as its class name and its own parameters (what a
+        stored model row is compared with, `pipeline.model_codec`)."""
+        return {
+            "regressor": _described(self.regressor),
+            "weighting": _described(self.weighting),
+            "gate": _described(self.gate),
+            "random_state": self.random_state,
+        }
+
+    def _check_params(self) -> None:
+        """Raise ValueError naming the first parameter out of range, a part's included."""
+        params = {name: getattr(self, name) for name in self._parameter_constraints}
+        validate_parameter_constraints(self._parameter_constraints, params, caller_name="Nurd")
+        weighting = self.weighting_part()
+        self.regressor_part().check()
+        weighting.check()
+        self.gate_part().check(weighting)
+
+    # -- calibration (once per job) ------------------------------------------------------------
+    def calibrate(self, data: CheckpointData) -> None:
+        self.delta_ = self.weighting_part().offset(data)
+
+    # -- learning --------------------------------------------------------------------------------
+    def _past_fits(self, data: CheckpointData) -> list[Nurd]:
+        """This job's previous fits (oldest first), if the gate reuses them and the data says when."""
+        if not self.gate_part().past_fits_kept() or data.at is None or data.finish_time is None:
+            return []
+        return list(getattr(self, "history_", []))
+
+    def fit(self, data: CheckpointData) -> Self:
+        self._check_params()
+        regressor, weighting, gate = self.regressor_part(), self.weighting_part(), self.gate_part()
+        if not hasattr(self, "delta_"):
+            self.calibrate(data)
+        past = self._past_fits(data)
+        observed = np.vstack([data.X_finished, data.X_running])
+        self.scaler_ = Standardiser.learn(observed, observed)
+        X_fin = self.scaler_.transform(data.X_finished)
+        y = regressor.target(data.latency_finished)
+        self.mean_target_ = float(np.mean(y)) if len(y) else 0.0
+        self.regressor_: xgb.XGBRegressor | None = None
+        if len(y) >= 2 and float(np.var(y)) > 1e-12:
+            self.regressor_ = regressor.fit(X_fin, y, self.random_state)
+        self.propensity_: LogisticRegression | None = None
+        if weighting.reads_propensity and data.n_running > 0 and data.n_finished > 0:
+            X_run = self.scaler_.transform(data.X_running)
+            self.propensity_ = weighting.propensity_model().fit(X_fin, X_run)
+        gate.fit(self, data, past, observed)
+        kept = gate.past_fits_kept()
+        if kept and data.at is not None:
+            self.fitted_at_ = float(data.at)
+            snapshot: Nurd = copy.copy(self)
+            self.history_: list[Nurd] = [*past, snapshot][-kept:]
+            snapshot.history_ = []  # a fit remembers its predecessors, they do not
+        return self
+
+    # -- prediction ------------------------------------------------------------------------------
+    def running_view(self, X_running: FloatArray) -> _RunningView:
+        """This fit's view of running tasks with (unscaled) features ``X_running``."""
+        X = self.scaler_.transform(X_running)
+        z = positive_probability(self.propensity_, X) if self.propensity_ is not None else np.ones(len(X))
+        guess = (
+            np.full(len(X), self.mean_target_)
+            if self.regressor_ is None
+            else regressor_predict(self.regressor_, X).astype(np.float64)
+        )
+        return _RunningView(X, guess, z)
+
+    def predicted_latency(self, guess: FloatArray) -> FloatArray:
+        """Predicted latency in seconds from the regressor's ``guess``, shrunk toward the finished
+        mean by the skill where the gate shrinks."""
+        if self.regressor_ is not None and self.gate_part().shrinks_latency:
+            guess = self.mean_target_ + self.skill_ * (guess - self.mean_target_)
+        return self.regressor_part().latency(guess)
+
+    def percentile(self, view: _RunningView) -> FloatArray:
+        """Percentile (near 0: fastest, near 1: slowest) of each running task by NURD's adjusted
+        latency at full strength, log h(x) - log w(x): the guess, lifted where the task is unlike the
+        finished ones. A rank, so it means the same before and after a refit."""
+        if len(view.guess) == 0:
+            return np.zeros(0)
+        log_h = self.regressor_part().log_latency(view.guess)
+        score = log_h - np.log(self.weighting_part().ranking_weight(view.z))
+        return (rankdata(score) - 0.5) / len(score)
+
+    @staticmethod
+    def prior(data: CheckpointData) -> FloatArray:
+        """P(latency >= threshold | latency >= elapsed) of each running task, from the job's survival
+        curve alone (finished tasks are events, running ones censored)."""
+        survival = LatencySurvival(data.latency_finished, data.elapsed_running)
+        reach = survival.sf(np.array([data.threshold]))[0]
+        return np.clip(reach / np.maximum(survival.sf(data.elapsed_running), 1e-12), 1e-4, 1.0 - 1e-4)
 
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
             empty = np.zeros(0)
             return Scores.from_latency(empty, empty, data.threshold, empty, empty)
-        scored = self._running_scores(data)
-        self._scored = None  # read once: a fit's ranking, then this predict
-        guess, z = scored.guess, scored.z
-        latency = self._raw_latency(scored.X, guess)
-        weight = self._weight(z)
-        if self.gate != "calibrated" or data.n_finished == 0:
-            return Scores.from_latency(latency, latency / weight, data.threshold, z, weight)
-        prior = scored.prior()
-        calibrator = getattr(self, "calibrator_", None)
-        if calibrator is None:
-            return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, prior)
-        a, b, c = calibrator
-        probability = expit(a + b * logit(prior) + c * scored.percentile(self))
-        flag = probability >= self.flag_probability
-        return Scores.from_latency(latency, latency / weight, data.threshold, z, weight, probability, flag)
+        view = self.running_view(data.X_running)
+        latency = self.predicted_latency(view.guess)
+        weight = self.weighting_part().weight(view.z, self.delta_, self.strength_)
+        return self.gate_part().scores(self, data, view, latency, weight)
 
     def get_state(self) -> State:
-        """Learned state, with the rankings (gate "calibrated") and the reused past fits as data."""
+        """Learned state, with the rankings (`CalibratedGate`) and the reused past fits as data."""
         state = super().get_state()
         if "rankings_" in state:
             state["rankings_"] = RANKINGS.dump(self.rankings_)
@@ -498,7 +771,6 @@ class Nurd(StragglerMethod):
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self._scored = None
         rest = {k: v for k, v in state.items() if k not in ("rankings_", "history_")}
         super().set_state(rest)
         if "rankings_" in state:
@@ -506,7 +778,7 @@ class Nurd(StragglerMethod):
         if "history_" in state:
             past = []
             for fit_state in state["history_"]:
-                fit = Nurd(**self.get_params())
+                fit = Nurd(self.regressor, self.weighting, self.gate, self.random_state)
                 fit.set_state(fit_state)
                 past.append(fit)
             self.history_ = past
@@ -522,29 +794,12 @@ class Nurd(StragglerMethod):
         }
 
 
-@dataclass
-class _RunningScores:
-    """A fit's view of one checkpoint's running tasks: scaled features ``X``, the regressor's
-    ``guess`` (`Nurd._guess`) and the propensity ``z`` (ones without a propensity model); the survival
-    prior and the percentile (of the fit that made it) on first use."""
-
-    data: CheckpointData
-    X: FloatArray
-    guess: FloatArray
-    z: FloatArray
-    _prior: FloatArray | None = None
-    _percentile: FloatArray | None = None
-
-    def prior(self) -> FloatArray:
-        if self._prior is None:
-            self._prior = Nurd._prior(self.data)
-        return self._prior
-
-    def percentile(self, model: Nurd) -> FloatArray:
-        if self._percentile is None:
-            ratio = _odds(self.z) if model.propensity_ is not None else np.ones(len(self.X))
-            self._percentile = model._percentile(self.guess, ratio)
-        return self._percentile
+def _described(part: Any) -> Any:
+    """A part (and the parts it holds) as plain data: its class name and parameters; None stays."""
+    if not isinstance(part, BaseEstimator):
+        return part
+    params = {name: _described(value) for name, value in part.get_params(deep=False).items()}
+    return {"part": type(part).__name__, **params}
 
 
 @dataclass(frozen=True)
@@ -639,100 +894,29 @@ def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> 
     return float(np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
 
 
-_DEFAULTS: dict[str, Any] = {
-    name: p.default for name, p in inspect.signature(Nurd.__init__).parameters.items() if name != "self"
+PRESETS: dict[str, Callable[[int], Nurd]] = {
+    "nurd": lambda random_state: Nurd(random_state=random_state),
+    "nurd-backtest": lambda random_state: Nurd(gate=BacktestGate(), random_state=random_state),
+    "nurd-paper": lambda random_state: Nurd(
+        GradientBoostedLatency(log_target=False),
+        PaperWeighting(LogisticPropensity(balanced=False)),
+        NoGate(),
+        random_state,
+    ),
+    "nurd-nc": lambda random_state: Nurd(
+        GradientBoostedLatency(log_target=False),
+        PropensityWeighting(LogisticPropensity(balanced=False)),
+        NoGate(),
+        random_state,
+    ),
+    "gbtr": lambda random_state: Nurd(
+        GradientBoostedLatency(log_target=False), NoWeighting(), NoGate(), random_state
+    ),
+    "nurd-warm": lambda random_state: Nurd(gate=BacktestGate(reuse_past_fits=3), random_state=random_state),
 }
-
-USED_ONLY_WHEN: dict[str, tuple[str, tuple[str, ...]]] = {
-    "balanced_propensity": ("weighting", ("paper", "nc", "density")),
-    "eps": ("weighting", ("paper", "nc", "density")),
-    "alpha": ("weighting", ("paper",)),
-    "skill_folds": ("gate", ("skill", "backtest")),
-    "reuse_past_fits": ("gate", ("skill", "backtest")),
-    "evidence": ("gate", ("backtest", "calibrated")),
-    "significance": ("gate", ("calibrated",)),
-    "min_stragglers": ("gate", ("calibrated",)),
-    "flag_probability": ("gate", ("calibrated",)),
-    "max_scored": ("gate", ("calibrated",)),
-}
-"""Parameters read only under some values of a switch: parameter -> (switch, values that read it)."""
+"""The compared variants by registry name, each built from its parts with a seed (docs/module-notes.md)."""
 
 
-def _unused(params: Mapping[str, Any]) -> list[str]:
-    """The parameters that ``params``' switches leave unused."""
-    return [name for name, (switch, values) in USED_ONLY_WHEN.items() if params[switch] not in values]
-
-
-def _unused_at_default(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``params`` with every parameter its switches leave unused set back to its default."""
-    unused = _unused(params)
-    return {name: _DEFAULTS[name] if name in unused else value for name, value in params.items()}
-
-
-@dataclass(frozen=True)
-class _Range:
-    """What a parameter may be: an integer >= ``low``, a boolean, or a finite number in an interval."""
-
-    kind: Literal["int", "bool", "real"]
-    low: float = 0.0
-    high: float = 1.0
-    closed: Literal["neither", "left", "right", "both"] = "neither"
-
-    def check(self, name: str, value: Any) -> None:
-        if self.kind == "bool":
-            if not isinstance(value, bool | np.bool_):
-                raise ValueError(f"Nurd: {name} must be True or False, got {value!r}")
-            return
-        is_bool = isinstance(value, bool | np.bool_)
-        if self.kind == "int":
-            if is_bool or not isinstance(value, Integral) or value < self.low:
-                raise ValueError(f"Nurd: {name} must be an integer >= {self.low:g}, got {value!r}")
-            return
-        left, right = self.closed in ("left", "both"), self.closed in ("right", "both")
-        number = float(value) if isinstance(value, Real) and not is_bool else math.nan
-        inside = (
-            math.isfinite(number)
-            and (self.low <= number if left else self.low < number)
-            and (number <= self.high if right else number < self.high)
-        )
-        if not inside:
-            interval = f"{'[' if left else '('}{self.low:g}, {self.high:g}{']' if right else ')'}"
-            raise ValueError(f"Nurd: {name} must be a number in {interval}, got {value!r}")
-
-
-_INT1, _BOOL, _PROBABILITY = _Range("int", 1), _Range("bool"), _Range("real")
-_RANGES: dict[str, _Range] = {
-    "log_target": _BOOL,
-    "balanced_propensity": _BOOL,
-    "alpha": _Range("real", closed="both"),
-    "eps": _Range("real", closed="right"),
-    "n_estimators": _INT1,
-    "max_depth": _INT1,
-    "learning_rate": _Range("real", closed="right"),
-    "skill_folds": _Range("int", 2),
-    "evidence": _PROBABILITY,
-    "reuse_past_fits": _Range("int", 0),
-    "significance": _PROBABILITY,
-    "min_stragglers": _INT1,
-    "flag_probability": _PROBABILITY,
-    "max_scored": _INT1,
-    "n_threads": _INT1,
-    "random_state": _Range("int", 0),
-}
-"""What each parameter but the two switches may be."""
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "nurd": {"gate": "calibrated"},
-    "nurd-backtest": {},
-    "nurd-paper": {"weighting": "paper", "gate": "none", "log_target": False, "balanced_propensity": False},
-    "nurd-nc": {"weighting": "nc", "gate": "none", "log_target": False, "balanced_propensity": False},
-    "gbtr": {"weighting": "none", "gate": "none", "log_target": False},
-    "nurd-warm": {"reuse_past_fits": 3},
-}
-
-
-def make_nurd(preset: str, **overrides: Any) -> Nurd:
-    """A `Nurd` configured as one of `PRESETS`, with its registry name."""
-    method = Nurd(**{**PRESETS[preset], **overrides})
-    return method
+def make_nurd(preset: str, random_state: int = 0) -> Nurd:
+    """A fresh `Nurd` built as one of `PRESETS`."""
+    return PRESETS[preset](random_state)
