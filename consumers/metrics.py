@@ -62,6 +62,17 @@ class MitigationMetrics:
             registry=r,
         )
         self.lag = LagGauge("straggler_mitigator_consumer_lag", "input records not yet committed", r)
+        self.races = Counter(
+            "straggler_mitigator_races",
+            "speculative copies whose race was decided (the loser killed), by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("copy_won", "copy_lost"):
+            self.races.labels(outcome)
+        self._copied: dict[tuple[str, str], int] = {}
+        """(job, task) -> the attempt a committed duplicate copied: a later kill of that attempt means
+        the copy won, of the copy (attempt + 1) that it lost."""
         self._sampled_at = -float("inf")
 
     def committed(self, outputs: Sequence[RelaunchCommand | DeadLetter], jobs: int) -> None:
@@ -69,9 +80,21 @@ class MitigationMetrics:
         for output in outputs:
             if isinstance(output, RelaunchCommand):
                 self.commands.labels(output.action).inc()
+                self._race(output)
             else:
                 self.dead_letters.count(output.error)
         self.jobs.set(jobs)
+
+    def _race(self, command: RelaunchCommand) -> None:
+        key = (command.job_id, command.task_id)
+        if command.action == "duplicate" and command.attempt is not None:
+            self._copied[key] = command.attempt
+        elif command.action == "kill" and key in self._copied:
+            original = self._copied.pop(key)
+            if command.attempt == original:
+                self.races.labels("copy_won").inc()
+            elif command.attempt == original + 1:
+                self.races.labels("copy_lost").inc()
 
     def sample_lag(self, consumer: Consumer, force: bool = False) -> None:
         """At most every `LAG_SAMPLE_S`: the assigned partitions' lag from librdkafka's cached end

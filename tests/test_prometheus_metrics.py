@@ -125,6 +125,29 @@ def test_the_mitigator_counts_committed_commands_by_action_and_letters_by_kind()
     assert samples["straggler_mitigator_jobs"][()] == 3.0
 
 
+def test_the_mitigator_counts_races_won_and_lost_by_their_copies() -> None:
+    consumer = MitigationConsumer("localhost:1", "speculate")
+
+    def command(task: str, action: str, attempt: int) -> RelaunchCommand:
+        return RelaunchCommand(
+            command_id=f"{task}-{action}",
+            job_id="j",
+            task_id=task,
+            action=action,  # type: ignore[arg-type]
+            reason="r",
+            policy="speculate",
+            issued_at=1.0,
+            checkpoint_time=1.0,
+            attempt=attempt,
+        )
+
+    consumer.metrics.committed([command("a", "duplicate", 0), command("b", "duplicate", 2)], jobs=1)
+    consumer.metrics.committed([command("a", "kill", 0), command("b", "kill", 3)], jobs=1)  # a's copy won
+    consumer.metrics.committed([command("c", "kill", 0)], jobs=1)  # no copy of c: not a race
+    races = _samples(consumer.metrics.registry)["straggler_mitigator_races_total"]
+    assert races == {(("outcome", "copy_won"),): 1.0, (("outcome", "copy_lost"),): 1.0}
+
+
 def test_metrics_endpoints_are_off_unless_a_port_is_given() -> None:
     parser = build_parser()
     for command in (["worker", "--bootstrap", "b:1"], ["mitigate", "--bootstrap", "b:1"]):
