@@ -388,6 +388,6 @@ def _report(summary: dict[str, Any]) -> str:
         "relaunches) until it ended or was killed, as a share of the trace's own runs; net: all runs after "
         "the commands less the trace's own. Limit: a copy of every true p90 straggler at the first "
         "checkpoint it runs (future information). F1/TPR/FPR: the stream's first straggler prediction "
-        "per task against the job's true p90 stragglers, mean over jobs. Decision latency: from a checkpoint boundary's produce "
-        "time to the last prediction or command it caused.\n"
+        "per task against the job's true p90 stragglers, mean over jobs. Decision latency: from a "
+        "checkpoint boundary's produce time to the last prediction or command it caused.\n"
     )
