@@ -202,7 +202,10 @@ class Speculate(MitigationPolicy):
         for d in decisions:
             if d.task_id in job.finished:
                 continue
-            bound = max(d.elapsed, d.threshold) if d.is_straggler else d.elapsed
+            # A flag is a lower bound only from a method that gives no probability; a probability
+            # carries what the flag says, and how sure it is.
+            told = not math.isnan(d.straggle_probability)
+            bound = max(d.elapsed, d.threshold) if d.is_straggler and not told else d.elapsed
             previous = job.running.get(d.task_id)
             if previous is not None and previous.attempt == d.attempt:
                 bound = max(bound, previous.at_least)
