@@ -15,12 +15,8 @@ record asks is decided by `pipeline.handler`; this module performs it with Faust
 
 from __future__ import annotations
 
-import asyncio
 import copy
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,12 +32,10 @@ from pipeline.handler import (
     ForwardRecord,
     InputRecord,
     JobEventHandler,
-    RunRefit,
     SendDeadLetter,
     SendPredictionPart,
     SendTick,
     process,
-    resume,
 )
 from pipeline.jobstore import JobStore, new_online_job
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
@@ -77,8 +71,6 @@ TABLE_HELP = {
 TABLES = tuple(TABLE_HELP)
 SESSION_TIMEOUT_S = 10.0
 """How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
-REFIT_POLL_SECONDS = 0.02
-"""How often a finished refit is looked for while no record arrives (the agent looks after each one)."""
 
 
 def changelog_topics(settings: WorkerSettings) -> list[str]:
@@ -187,17 +179,7 @@ def create_app(settings: WorkerSettings) -> faust.App:
         stats=stats,
         metrics=metrics,
         consensus=admm,
-        offload_refits=settings.refit_thread,
-        park_acknowledgements=settings.park_acks,
     )
-    refit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refit")
-    refits: deque[tuple[RunRefit, asyncio.Future[None]]] = deque()
-    """Refits handed to the thread, in the order they were started (and will end)."""
-    handling = asyncio.Lock()
-    """One record, or one refit's or flush's conclusion, at a time: the handler has one record in hand."""
-    group_flush: asyncio.Task[None] | None = None
-    """The flush for the parked partitions, while it runs (`flush_parked_jobs`)."""
-
     in_hand: dict[tuple[str, int, int], faust.EventT] = {}
     """The events of the records the handler holds, by topic, partition and offset."""
 
@@ -237,8 +219,6 @@ def create_app(settings: WorkerSettings) -> faust.App:
             await boundaries.send(key=action.key, value=action.value)
         elif isinstance(action, ForwardRecord):
             await forward(action)
-        elif isinstance(action, RunRefit):
-            refits.append((action, asyncio.get_running_loop().run_in_executor(refit_thread, action.fit)))
         else:
             await acknowledged(app.producer)
 
@@ -252,11 +232,6 @@ def create_app(settings: WorkerSettings) -> faust.App:
         record = action.record
         await home_topics[record.topic].send(key=record.key, value=record.value, partition=action.partition)
 
-    def routed(record: InputRecord) -> AbstractContextManager[object]:
-        """Table writes within go to ``record``'s partition (unless it was let go)."""
-        event = in_hand.get((record.topic, record.partition, record.offset))
-        return writes_routed_to(event) if event is not None else nullcontext()
-
     @app.agent(inputs)
     async def straggler_agent(stream: faust.StreamT[bytes]) -> None:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
@@ -267,49 +242,8 @@ def create_app(settings: WorkerSettings) -> faust.App:
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
             in_hand[(record.topic, record.partition, record.offset)] = event
-            async with handling:
-                await process(handler, record, perform)
-                await conclude_refits()
+            await process(handler, record, perform)
             settle()
-            flush_parked_jobs()
-
-    async def conclude_refits() -> None:
-        """Conclude the refits that ended (their checkpoints' writes go to their boundaries' partitions)."""
-        while refits and refits[0][1].done():
-            action, future = refits.popleft()
-            await resume(handler, handler.refit_done(action, future.exception()), perform, routed)
-
-    def flush_parked_jobs() -> None:
-        """Start the group flush, unless it runs, if partitions are parked."""
-        nonlocal group_flush
-        if settings.park_acks and handler.parked() and (group_flush is None or group_flush.done()):
-            group_flush = asyncio.ensure_future(flush_for_parked_jobs())
-
-    async def flush_for_parked_jobs() -> None:
-        """While partitions are parked: one round trip to the broker for all of them, then resume those
-        parked before it began; the agent goes on handling other partitions' records meanwhile."""
-        while handler.parked():
-            flush = handler.flush_started()
-            error: BaseException | None = None
-            try:
-                await acknowledged(app.producer)
-            except Exception as failure:  # each resumed record is dead-lettered with it
-                error = failure
-            async with handling:
-                await resume(handler, handler.flush_done(flush, error), perform, routed)
-            settle()
-
-    async def conclude_refits_while_idle() -> None:
-        """Refits that end while no record arrives are concluded all the same; parked partitions are
-        flushed for even if the last group flush failed on its way."""
-        if refits and refits[0][1].done() and app.flow_control.is_active():
-            async with handling:
-                await conclude_refits()
-            settle()
-        flush_parked_jobs()
-
-    if settings.refit_thread or settings.park_acks:  # nothing to look for otherwise
-        app.timer(interval=REFIT_POLL_SECONDS)(conclude_refits_while_idle)
 
     @app.timer(interval=1.0)
     async def expire_pending() -> None:

@@ -9,11 +9,6 @@ A job's task changes are written at its checkpoints, not per record, so an input
 until its changes are written, and its offset may be committed only then: `take_acks` hands out the
 records done, in offset order per partition (Faust commits the highest contiguous acknowledged
 offset). A job that reaches no checkpoint within ``hold_seconds`` has its changes written anyway.
-
-A refit may run off the event loop (`RunRefit`): its partition's later records wait, held, until
-`refit_done` concludes the checkpoint; other partitions' records go on, and no decision changes. So may
-a wait for the broker (`park_acknowledgements`): the partition parks until the worker's next group
-flush (`flush_started`, `flush_done`), one round trip for every parked partition.
 """
 
 from __future__ import annotations
@@ -22,14 +17,12 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
 
 from pipeline.jobstore import JobMeta, JobStore
-from pipeline.partition_waits import WaitingPartitions
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -46,8 +39,7 @@ from schemas import (
     read_task_batch,
 )
 from straggler.core.decision_event import prediction_parts
-from straggler.core.online import CheckpointPlan, Decision, OnlineJob
-from straggler.core.partitioner import partition_of
+from straggler.core.online import Decision, OnlineJob
 from straggler.kafka.routing import Forward, Reject, route
 
 log = logging.getLogger(__name__)
@@ -120,31 +112,13 @@ class Acknowledge:
     """Wait until everything sent so far, on every topic, is acknowledged by the broker."""
 
 
-@dataclass(frozen=True)
-class _Park(Acknowledge):
-    """Within the handler only: the partition parks here until the worker's next group flush (`_parkable`)."""
-
-
-@dataclass(frozen=True, eq=False)
-class RunRefit:
-    """Run ``fit`` (a job's refit) off the event loop, then hand this action to
-    `JobEventHandler.refit_done` (with what ``fit`` raised, if anything)."""
-
-    job_id: str
-    fit: Callable[[], None]
-    record: InputRecord
-    """The boundary whose checkpoint waits for the refit: the checkpoint's table writes go to its
-    partition's changelogs."""
-
-
 ACKNOWLEDGE = Acknowledge()
-_PARK = _Park()
 HOLD_SECONDS = 2.0
 """How long a record may wait for its job's next checkpoint before the job's changes are written."""
 IDLE_SECONDS = 0.25
 """Once no record has arrived for this long the input has paused: every held job is written then,
 so a pause (or the end of a replay) makes everything durable at once, not after `HOLD_SECONDS`."""
-Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge | RunRefit
+Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge
 
 
 @dataclass(eq=False)
@@ -163,61 +137,6 @@ class _Held:
 
 
 TopicPartition = tuple[str, int]
-JobInput = TaskInput | JobEvent
-_Waiting = tuple[InputRecord, _Held | None, JobInput]
-"""A job's input applied later (after its job's start, or its refit), with its held entry if any."""
-
-
-@dataclass(eq=False)
-class _Refit:
-    """A checkpoint whose refit runs apart: what concluding it needs."""
-
-    plan: CheckpointPlan
-    job: OnlineJob
-    meta: JobMeta
-    entry: _Held
-    """The boundary's, held until the checkpoint is concluded."""
-    boundary_produced_at: float | None
-    seconds: float
-    """The evaluation's own time so far (not its wait for the thread): `AgentMetrics.evaluated`."""
-    action: RunRefit = field(init=False)
-    """What the worker is asked to run."""
-
-    def __post_init__(self) -> None:
-        self.action = RunRefit(self.job.job_id, self.fit, self.entry.record)
-
-    @property
-    def job_id(self) -> str:
-        return self.job.job_id
-
-    def fit(self) -> None:
-        """The refit (`RunRefit.fit`), timed."""
-        started = time.perf_counter()
-        self.plan.fit()
-        self.seconds += time.perf_counter() - started
-
-
-@dataclass(eq=False)
-class _Parked:
-    """A partition waiting for the broker: the record in hand when it parked (of ``job_id``), and the
-    rest of its handling."""
-
-    job_id: str
-    record: InputRecord
-    entry: _Held | None
-    rest: Iterator[Action]
-
-
-@dataclass(frozen=True, eq=False)
-class GroupFlush:
-    """A flush the worker started (`JobEventHandler.flush_started`): what its end acknowledges and resumes."""
-
-    rows: frozenset[str]
-    """The jobs whose job rows were written before it began (`JobStore.unacknowledged`). Their
-    acknowledgement retires models: a table write, routed to the partition of the record in hand,
-    so a job's is acknowledged when its partition resumes (or by a later flush)."""
-    parked: dict[int, _Parked]
-    """The partitions parked before it began."""
 
 
 class AgentMetrics(Protocol):
@@ -270,17 +189,6 @@ class JobEventHandler:
     separate topics, so Kafka does not order them against each other."""
     hold_seconds: float = HOLD_SECONDS
     idle_seconds: float = IDLE_SECONDS
-    offload_refits: bool = False
-    """Hand a checkpoint's refit to the worker (`RunRefit`) instead of running it in `handle`: the job's
-    partition waits for it (`refit_done`) while other partitions' records go on."""
-    inline_refit_below: int = 0
-    """Refits on fewer finished tasks run in `handle` anyway (a thread hop would cost more); where a
-    refit runs never changes a decision."""
-    park_acknowledgements: bool = False
-    """Where a job must wait for the broker, park its partition (`flush_done` resumes it) instead of
-    yielding `Acknowledge`: the partition's records wait, held, while other partitions' go on."""
-    _waiting: WaitingPartitions[_Refit | _Parked, _Waiting] = field(default_factory=WaitingPartitions)
-    """Partitions whose refit runs or that are parked, with their inputs that arrived meanwhile."""
     _last_received: float = float("-inf")
     _held: dict[TopicPartition, deque[_Held]] = field(default_factory=dict)
     """Records not acknowledged yet, per input partition in offset order."""
@@ -314,7 +222,7 @@ class JobEventHandler:
                 # this record's table writes go to its partition's changelogs, where its jobs' rows are
                 for job_id in self._overdue_jobs(held):
                     if self.store.awaiting_acknowledgement(job_id):
-                        yield from self.flush()  # inline even when jobs park: hardly ever needed here
+                        yield from self.flush()
                     self.store.write_changes(job_id)
         self._current = None
         self._collect()
@@ -340,9 +248,6 @@ class JobEventHandler:
         self._held.clear()
         self.pending.clear()
         self._expiring.clear()
-        for wait in self._waiting.clear():
-            # its method may still be fitting, or its checkpoint is half done: rebuild it from the tables
-            self.store.forget(wait.job_id)
         return records
 
     def overdue(self) -> list[tuple[str, InputRecord]]:
@@ -384,8 +289,7 @@ class JobEventHandler:
             job_id = entry.job_id
             if not entry.waiting or job_id is None or not self.store.has_changes(job_id):
                 continue
-            if self._waiting.waiting_for(entry.record.partition) is None:  # waiting: written after
-                jobs.setdefault(job_id, entry.record)
+            jobs.setdefault(job_id, entry.record)
         return jobs
 
     def _hold(self, entry: _Held | None, job_id: str) -> None:
@@ -445,9 +349,9 @@ class JobEventHandler:
             else:
                 self.stats.boundaries += 1
                 work = decoded
-            yield from self._route(record, self._current, work)
+            yield from self._dispatch(record, self._current, work)
         elif isinstance(decoded, JobEvent):
-            yield from self._route(record, self._current, decoded)
+            yield from self._dispatch(record, self._current, decoded)
         else:
             yield self._dead_letter(record, f"unexpected {decoded.type} event on {record.topic}")
 
@@ -528,89 +432,14 @@ class JobEventHandler:
         yield ACKNOWLEDGE
         self.store.acknowledged(rows)
 
-    def _on_the_broker(self) -> Iterator[Action]:
-        """Return once everything sent so far is on the broker: `flush` inline, or (with
-        `park_acknowledgements`) parked until the worker's next group flush, other partitions going on."""
-        if self.park_acknowledgements:
-            yield _PARK
-        else:
-            yield from self.flush()
-
     def _settled(self, job_id: str) -> Iterator[Action]:
         """Before any write of a job: its last job row must be on the broker (`pipeline.jobstore`)."""
         if self.store.awaiting_acknowledgement(job_id):
-            yield from self._on_the_broker()
+            yield from self.flush()
 
-    def parked(self) -> bool:
-        """Whether partitions wait for the worker's next group flush (`flush_started`)."""
-        return any(isinstance(wait, _Parked) for wait in self._waiting.waits().values())
-
-    def flush_started(self) -> GroupFlush:
-        """The worker starts a flush for the parked partitions: hand what it returns to `flush_done`."""
-        waits = self._waiting.waits().items()
-        parked = {partition: wait for partition, wait in waits if isinstance(wait, _Parked)}
-        return GroupFlush(self.store.unacknowledged(), parked)
-
-    def flush_done(
-        self, flush: GroupFlush, error: BaseException | None = None
-    ) -> Iterator[tuple[InputRecord, Iterator[Action]]]:
-        """``flush`` ended (``error``: how it failed). Yields each record to finish now, as `refit_done`
-        does: for each partition parked before the flush began, in order, the record it parked with
-        (the rest of its handling; a failed flush fails it), then its queued inputs until it waits
-        again. Partitions let go meanwhile are not resumed."""
-        if self._current is not None:
-            raise RuntimeError("a flush is concluded between records, not while one is handled")
-        rows = set(flush.rows)
-        for partition, parked in flush.parked.items():
-            if not self._waiting.end(partition, parked):
-                continue
-            if error is None:
-                here = {
-                    j for j in rows if j == parked.job_id or partition_of(j, self.partitions) == partition
-                }
-                rows -= here
-                rest = self._acknowledged_then(here, parked.rest)
-            else:
-                rest = _raising(error)
-            yield from self._resumed(parked.job_id, parked.record, parked.entry, rest)
-
-    def _acknowledged_then(self, rows: set[str], rest: Iterator[Action]) -> Iterator[Action]:
-        """The job rows of ``rows`` are on the broker (`JobStore.acknowledged`, within the resumed
-        record's routing), then ``rest``."""
-        self.store.acknowledged(rows)
-        yield from rest
-
-    def _parkable(
-        self, job_id: str, record: InputRecord, entry: _Held | None, actions: Iterator[Action]
+    def _dispatch(
+        self, record: InputRecord, entry: _Held | None, work: TaskInput | JobEvent
     ) -> Iterator[Action]:
-        """``actions`` (handling ``record``, of ``job_id``); where they wait for the broker in parked
-        mode (`_on_the_broker`), the partition parks with the rest of them, the record held, until
-        `flush_done`. Without parking, ``actions`` as they are (no wrapper on every record)."""
-        if not self.park_acknowledgements:
-            return actions
-        return self._parking(job_id, record, entry, actions)
-
-    def _parking(
-        self, job_id: str, record: InputRecord, entry: _Held | None, actions: Iterator[Action]
-    ) -> Iterator[Action]:
-        for action in actions:
-            if action is _PARK:
-                if entry is not None:
-                    entry.waiting = True
-                self._waiting.wait(record.partition, _Parked(job_id, record, entry, actions))
-                return
-            yield action
-
-    def _route(self, record: InputRecord, entry: _Held | None, work: JobInput) -> Iterator[Action]:
-        """Apply ``work`` now, or after what its partition waits for (and the inputs that wait for it)."""
-        if self._waiting.busy(record.partition):
-            if entry is not None:
-                entry.waiting = True  # held until applied
-            self._waiting.queue(record.partition, (record, entry, work))
-        else:
-            yield from self._parkable(work.job_id, record, entry, self._dispatch(record, entry, work))
-
-    def _dispatch(self, record: InputRecord, entry: _Held | None, work: JobInput) -> Iterator[Action]:
         """Apply ``work``; a task input of a job not started yet waits in `pending`."""
         if isinstance(work, JobEvent):
             yield from self._apply_job_event(work)
@@ -621,48 +450,9 @@ class JobEventHandler:
         else:
             yield from self._apply(work, entry)
 
-    def refit_done(
-        self, refit: RunRefit, error: BaseException | None = None
-    ) -> Iterator[tuple[InputRecord, Iterator[Action]]]:
-        """``refit`` ran (``error``: what its fit raised). Yields each record to finish now, with what
-        finishing it asks (perform it, then `finish` the record, as `process` does): the refit's
-        boundary, whose checkpoint is concluded as `handle` would have, then the partition's inputs
-        that waited, in order, until it waits again. Nothing if the job was let go meanwhile."""
-        if self._current is not None:
-            raise RuntimeError("a refit is concluded between records, not while one is handled")
-        running = self._waiting.waiting_for(refit.record.partition)
-        if not isinstance(running, _Refit) or running.action is not refit:
-            return
-        self._waiting.end(refit.record.partition, running)
-        yield from self._resumed(refit.job_id, refit.record, running.entry, self._conclude(running, error))
-
-    def _resumed(
-        self, job_id: str, record: InputRecord, entry: _Held | None, rest: Iterator[Action]
-    ) -> Iterator[tuple[InputRecord, Iterator[Action]]]:
-        """The wait of ``record``'s partition ended: the rest of its handling (of ``job_id``), then the
-        partition's queued inputs in order (each with the record to finish after it), until it waits
-        again."""
-        partition = record.partition
-        if entry is not None:
-            entry.waiting = False
-        self._current = entry
-        yield record, self._parkable(job_id, record, entry, rest)
-        while (queued := self._waiting.next_input(partition)) is not None:
-            record, entry, work = queued
-            if entry is not None:
-                entry.waiting = False  # `_dispatch` holds it again if it must
-            self._current = entry
-            yield record, self._parkable(work.job_id, record, entry, self._dispatch(record, entry, work))
-
-    def _apply_in_order(
-        self, job_id: str, inputs: list[tuple[InputRecord, _Held | None, TaskInput]]
-    ) -> Iterator[Action]:
-        """Apply the job's ``inputs`` (they waited for its start); once one starts a refit, the rest
-        wait for it, ahead of the partition's inputs queued already (those came later)."""
-        for i, (record, entry, work) in enumerate(inputs):
-            if self._waiting.waiting_for(record.partition) is not None:
-                self._waiting.queue_first(record.partition, inputs[i:])  # entries wait already (`pending`)
-                return
+    def _apply_in_order(self, inputs: list[tuple[InputRecord, _Held | None, TaskInput]]) -> Iterator[Action]:
+        """Apply a job's ``inputs``, which waited for its start, in the order they arrived."""
+        for _, entry, work in inputs:
             yield from self._apply(work, entry)
             if entry is not None and not entry.waiting:
                 entry.done = True
@@ -711,7 +501,7 @@ class JobEventHandler:
         self._start_or_end(event)
         if self.store.meta(event.job_id) is not None:
             waiting = self.pending.pop(event.job_id, [])
-            yield from self._apply_in_order(event.job_id, [(r, e, w) for _, r, w, e in waiting])
+            yield from self._apply_in_order([(r, e, w) for _, r, w, e in waiting])
 
     def _start_or_end(self, event: JobEvent) -> None:
         store = self.store
@@ -733,8 +523,7 @@ class JobEventHandler:
     def _evaluate(
         self, job_id: str, at: float, boundary_produced_at: float | None, entry: _Held | None
     ) -> Iterator[Action]:
-        """Evaluate the checkpoint; a refit the worker runs apart (`RunRefit`) holds the boundary's
-        ``entry`` and makes the job wait until `refit_done` concludes the checkpoint."""
+        """Evaluate the checkpoint, publish its decisions, then commit it (`_evaluated`)."""
         store = self.store
         meta = store.meta(job_id)
         if meta is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
@@ -746,35 +535,10 @@ class JobEventHandler:
         if self.consensus is not None:
             self.consensus.prepare(job)  # the latest consensus weights
         # The order of writes is what makes a killed worker recover exactly (`pipeline.jobstore`).
-        started = time.perf_counter()
-        plan = store.begin_evaluation(job_id, at)
-        assert plan is not None
-        if plan.refit and entry is not None and self._offloaded(plan):
-            refit = _Refit(plan, job, meta, entry, boundary_produced_at, time.perf_counter() - started)
-            self._waiting.wait(entry.record.partition, refit)
-            entry.waiting = True
-            yield refit.action
-            return
-        plan.fit()
-        decisions = store.end_evaluation(job, plan)
-        refit_seconds = time.perf_counter() - started if plan.refit else None
+        started, version = time.perf_counter(), job.model_version
+        decisions = store.evaluate(job_id, at)
+        refit_seconds = time.perf_counter() - started if job.model_version != version else None
         yield from self._evaluated(job, meta, at, decisions, boundary_produced_at, refit_seconds)
-
-    def _offloaded(self, plan: CheckpointPlan) -> bool:
-        """Whether the plan's refit runs apart (`offload_refits`, `inline_refit_below`)."""
-        data = plan.data
-        return self.offload_refits and data is not None and data.n_finished >= self.inline_refit_below
-
-    def _conclude(self, refit: _Refit, error: BaseException | None) -> Iterator[Action]:
-        """The rest of `_evaluate` once its refit ran apart; a failed fit fails the boundary's record."""
-        if error is not None:
-            raise error
-        started = time.perf_counter()
-        decisions = self.store.end_evaluation(refit.job, refit.plan)
-        refit.seconds += time.perf_counter() - started
-        yield from self._evaluated(
-            refit.job, refit.meta, refit.plan.at, decisions, refit.boundary_produced_at, refit.seconds
-        )
 
     def _evaluated(
         self,
@@ -800,7 +564,7 @@ class JobEventHandler:
         )
         for part in prediction_parts(decisions, self.method, marker):
             yield SendPredictionPart(key, part)
-        yield from self._on_the_broker()  # the model and predictions are on the broker
+        yield from self.flush()  # the model and predictions are on the broker
         if self.metrics is not None:
             self.metrics.evaluated(decisions, refit_seconds, boundary_produced_at, self.wall_clock())
         store.record_evaluation(at, job, meta)  # acknowledged by the next flush, before the job's next write
@@ -813,12 +577,6 @@ class JobEventHandler:
         if self.consensus is not None:
             self.consensus.retire(job_id)  # ADMM's node keeps the ended job's rows for a while
         self.store.drop(job_id)
-
-
-def _raising(error: BaseException) -> Iterator[Action]:
-    """The rest of a record's handling when what it waited for failed: the failure."""
-    raise error
-    yield  # a generator
 
 
 async def process(
@@ -835,19 +593,6 @@ async def process(
         await _finish(handler, record, perform)
     else:
         await _perform_handling(handler, record, handler.handle(record, admitted), perform)
-
-
-async def resume(
-    handler: JobEventHandler,
-    resumed: Iterator[tuple[InputRecord, Iterator[Action]]],
-    perform: Callable[[Action], Awaitable[None]],
-    routed: Callable[[InputRecord], AbstractContextManager[object]] = lambda record: nullcontext(),
-) -> None:
-    """Finish each record a job's ended wait hands back (`JobEventHandler.refit_done`, `flush_done`) as
-    `process` finishes one, within ``routed(record)``. Call it between records, never while one is handled."""
-    for record, actions in resumed:
-        with routed(record):
-            await _perform_handling(handler, record, actions, perform)
 
 
 async def _perform_handling(

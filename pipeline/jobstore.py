@@ -6,8 +6,7 @@ never a pickle), all written on the job's own changelog partition; in-memory `On
 cache rebuilt from them.
 A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
 
-1. `evaluate` (or `begin_evaluation`, the refit, `end_evaluation`): the checkpoint's new model (a new
-   version key), not the job row;
+1. `evaluate`: the checkpoint's new model (a new version key), not the job row;
 2. the predictions are published and acknowledged;
 3. `record_evaluation`: the job row, carrying the checkpoint's flags (they reach a task row with the
    job's next write, so a checkpoint costs no task row of its own);
@@ -33,7 +32,7 @@ from pipeline.model_codec import ModelRecordError, decode_model, encode_model
 from schemas import nan_to_none, none_to_nan
 from straggler.core.jobstate import TaskRecord, TaskStatus
 from straggler.core.method import StragglerMethod
-from straggler.core.online import CheckpointPlan, Decision, OnlineJob
+from straggler.core.online import Decision, OnlineJob
 
 SEPARATOR = "\x1f"
 log = logging.getLogger(__name__)
@@ -287,29 +286,15 @@ class JobStore:
         job row, and with the job's next task row.
         """
         job = self.job(job_id)
-        plan = self.begin_evaluation(job_id, at)
-        if job is None or plan is None:
-            return []
-        plan.fit()
-        return self.end_evaluation(job, plan)
-
-    def begin_evaluation(self, job_id: str, at: float) -> CheckpointPlan | None:
-        """`evaluate` up to the refit (`OnlineJob.begin_checkpoint`); None if the job is unknown.
-
-        Until `end_evaluation`, nothing may change the job: ``plan.fit()`` may run in another thread."""
-        job = self.job(job_id)
         if job is None or self.meta(job_id) is None:
-            return None
+            return []
         self.write_changes(job_id)  # flags of the previous checkpoint that no task row carries yet
-        return job.begin_checkpoint(at)
-
-    def end_evaluation(self, job: OnlineJob, plan: CheckpointPlan) -> list[Decision]:
-        """`evaluate` after ``plan.fit()``: the decisions, the flags noted, the new model written."""
-        decisions = job.end_checkpoint(plan)
+        version = job.model_version
+        decisions = job.checkpoint(at)
         for d in decisions:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
-        if plan.refit:
+        if job.model_version != version:
             self.models[model_key(job.job_id, job.model_version)] = encode_model(job.method)
         return decisions
 
