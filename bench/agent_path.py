@@ -125,7 +125,7 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
     """The handler's checkpoint (`JobEventHandler._evaluate`), its model and its records timed apart."""
     parts: list[bytes] = []
     model_seconds = 0.0
-    actions = handler._apply_boundary(boundary, None)
+    actions = handler._apply_boundary(boundary)
     store = handler.store
     evaluate = store.evaluate
 

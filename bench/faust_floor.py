@@ -29,7 +29,7 @@ import orjson  # noqa: E402
 
 from pipeline.app import TABLES, faust_app  # noqa: E402
 from pipeline.cli import quiet_worker  # noqa: E402
-from pipeline.durability import acknowledged  # noqa: E402
+from pipeline.faust_patches import acknowledged  # noqa: E402
 from pipeline.settings import WorkerSettings  # noqa: E402
 from straggler.kafka.names import TopicNames  # noqa: E402
 

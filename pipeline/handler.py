@@ -5,24 +5,23 @@ actions: prediction parts, dead letters (with their reason), forwards, live tick
 `Acknowledge`, the points where the worker must wait until the broker has everything sent so far
 (the write order of a checkpoint, `pipeline.jobstore`). `pipeline.app` only performs the actions.
 
-A job's task changes are written at its checkpoints, not per record, so an input record is held
-until its changes are written, and its offset may be committed only then: `take_acks` hands out the
-records done, in offset order per partition (Faust commits the highest contiguous acknowledged
-offset). A job that reaches no checkpoint within ``hold_seconds`` has its changes written anyway.
+Which input records may be acknowledged, and the order of a checkpoint's writes, are
+`pipeline.commit_order`'s: the handler tells it which records wait for their job's start.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
 
-from pipeline.jobstore import JobMeta, JobStore
+from pipeline.commit_order import Acknowledge, CommitOrder, InputRecord
+from pipeline.jobstore import JobStore, Position
 from schemas import (
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -64,17 +63,6 @@ class AgentStats:
 
 
 @dataclass(frozen=True)
-class InputRecord:
-    """One record of the agent's input topics, as it arrived."""
-
-    key: bytes | None
-    value: bytes | None
-    topic: str
-    partition: int
-    offset: int
-
-
-@dataclass(frozen=True)
 class SendPredictionPart:
     """Send a ``prediction_batch`` part to the predictions topic."""
 
@@ -107,36 +95,7 @@ class SendTick:
     value: bytes
 
 
-@dataclass(frozen=True)
-class Acknowledge:
-    """Wait until everything sent so far, on every topic, is acknowledged by the broker."""
-
-
-ACKNOWLEDGE = Acknowledge()
-HOLD_SECONDS = 2.0
-"""How long a record may wait for its job's next checkpoint before the job's changes are written."""
-IDLE_SECONDS = 0.25
-"""Once no record has arrived for this long the input has paused: every held job is written then,
-so a pause (or the end of a replay) makes everything durable at once, not after `HOLD_SECONDS`."""
 Action = SendPredictionPart | SendDeadLetter | ForwardRecord | SendTick | Acknowledge
-
-
-@dataclass(eq=False)
-class _Held:
-    """An input record the worker has not acknowledged yet."""
-
-    record: InputRecord
-    received: float
-    generation: int
-    """`JobEventHandler.let_go` starts a new one: records of older generations are never acknowledged."""
-    job_id: str | None = None
-    """The job whose next task row writes the record's changes (`JobStore.hold`)."""
-    waiting: bool = False
-    """For its job's task row (``job_id``) or for its job's start (`JobEventHandler.pending`)."""
-    done: bool = False
-
-
-TopicPartition = tuple[str, int]
 
 
 class AgentMetrics(Protocol):
@@ -182,134 +141,32 @@ class JobEventHandler:
     """For the pending grace period."""
     wall_clock: Callable[[], float] = time.time
     """For ``produced_at`` of predictions and ticks."""
-    pending: defaultdict[str, list[tuple[float, InputRecord, TaskInput, _Held | None]]] = field(
+    pending: defaultdict[str, list[tuple[float, InputRecord, TaskInput]]] = field(
         default_factory=lambda: defaultdict(list)
     )
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
-    hold_seconds: float = HOLD_SECONDS
-    idle_seconds: float = IDLE_SECONDS
-    _last_received: float = float("-inf")
-    _held: dict[TopicPartition, deque[_Held]] = field(default_factory=dict)
-    """Records not acknowledged yet, per input partition in offset order."""
-    _current: _Held | None = None
-    """The record being handled (between `receive` and `finish`)."""
-    _generation: int = 0
-    _acks: list[InputRecord] = field(default_factory=list)
-    _dropped: list[InputRecord] = field(default_factory=list)
-    _expiring: list[_Held] = field(default_factory=list)
+    commits: CommitOrder = field(init=False)
+    """The input records not acknowledged yet, and the order of a checkpoint's writes."""
+    _waiting_start: dict[Position, str] = field(default_factory=dict)
+    """The records of `pending`, and those taken from it whose changes are not applied yet or whose
+    dead letter is not sent yet, with their jobs."""
+    _expiring: list[Position] = field(default_factory=list)
 
-    def receive(self, record: InputRecord) -> None:
-        """Start handling ``record``: it is held until `finish` (or its job's task row) lets it go."""
-        entry = _Held(record, self.clock(), self._generation)
-        self._last_received = entry.received
-        self._held.setdefault((record.topic, record.partition), deque()).append(entry)
-        self._current = entry
+    def __post_init__(self) -> None:
+        self.commits = CommitOrder(self.store, self.waits_for_start, self.clock)
 
-    def finish(self, record: InputRecord) -> Iterator[Action]:
-        """Done with ``record``: write the jobs of its partition that held records too long."""
-        entry = self._current
-        if entry is None or entry.record is not record:
-            return
-        if entry.generation != self._generation:
-            self._current = None
-            self._dropped.append(record)  # partitions moved while it was handled: read again
-            return
-        if not entry.waiting:
-            entry.done = True
-        for topic_partition, held in list(self._held.items()):
-            if topic_partition[1] == record.partition and self._overdue(held):
-                # this record's table writes go to its partition's changelogs, where its jobs' rows are
-                for job_id in self._overdue_jobs(held):
-                    if self.store.awaiting_acknowledgement(job_id):
-                        yield from self.flush()
-                    self.store.write_changes(job_id)
-        self._current = None
-        self._collect()
-
-    def take_acks(self) -> list[InputRecord]:
-        """Records whose changes are written (or that made none), in offset order per partition:
-        the worker acknowledges them, and Faust may commit their offsets."""
-        acks, self._acks = self._acks, []
-        return acks
-
-    def take_dropped(self) -> list[InputRecord]:
-        """Records let go without an acknowledgement (`let_go`): the worker must not wait for them."""
-        dropped, self._dropped = self._dropped, []
-        return dropped
+    def waits_for_start(self, position: Position) -> str | None:
+        """The job whose start the record at ``position`` waits for (or, started, its application)."""
+        return self._waiting_start.get(position)
 
     def let_go(self) -> list[InputRecord]:
-        """Partitions are about to move: give up every held record but the one in hand, which `finish`
-        gives up. None is acknowledged: the partitions' next owner reads them again, and rebuilds
-        their jobs from the tables (applying an observation twice changes nothing)."""
-        self._generation += 1
-        records = [e.record for held in self._held.values() for e in held if e is not self._current]
-        records += self.take_acks()
-        self._held.clear()
+        """Partitions are about to move: forget the records waiting for their jobs' start, and give
+        up every record received but the one in hand (`CommitOrder.let_go`)."""
         self.pending.clear()
+        self._waiting_start.clear()
         self._expiring.clear()
-        return records
-
-    def overdue(self) -> list[tuple[str, InputRecord]]:
-        """For the worker's timer, while no record is in hand: each job whose changes held a record
-        longer than ``hold_seconds`` (any, once the input paused for ``idle_seconds``), with one of its
-        records (its partition routes the write)."""
-        if self._current is not None:
-            return []
-        jobs: dict[str, InputRecord] = {}
-        for held in self._held.values():
-            if self._overdue(held):
-                jobs.update(self._overdue_jobs(held))
-        return list(jobs.items())
-
-    def write_held(self, job_id: str) -> bool:
-        """Write the job's changes now (`overdue`), unless a record is in hand or the job's last job
-        row may not be on the broker yet (`flush` first)."""
-        if self._current is not None or self.store.awaiting_acknowledgement(job_id):
-            return False
-        self.store.write_changes(job_id)
-        self._collect()
-        return True
-
-    def _overdue(self, held: deque[_Held]) -> bool:
-        """Whether the partition's oldest record waits for a job's task row longer than allowed."""
-        return bool(held) and held[0].waiting and held[0].received <= self._deadline()
-
-    def _deadline(self) -> float:
-        """Records received at or before this are held too long (all of them once the input paused)."""
-        now = self.clock()
-        return now if now - self._last_received >= self.idle_seconds else now - self.hold_seconds
-
-    def _overdue_jobs(self, held: deque[_Held]) -> dict[str, InputRecord]:
-        deadline = self._deadline()
-        jobs: dict[str, InputRecord] = {}
-        for entry in held:
-            if entry.received > deadline:
-                break
-            job_id = entry.job_id
-            if not entry.waiting or job_id is None or not self.store.has_changes(job_id):
-                continue
-            jobs.setdefault(job_id, entry.record)
-        return jobs
-
-    def _hold(self, entry: _Held | None, job_id: str) -> None:
-        """``entry`` applied changes to ``job_id``: held until the job's next task row, if any is due."""
-        if entry is None:
-            return
-        entry.waiting = self.store.has_changes(job_id)
-        if entry.waiting:
-            entry.job_id = job_id
-            self.store.hold(job_id, entry)
-
-    def _collect(self) -> None:
-        """Mark the records whose changes are written done; move each partition's done prefix to acks."""
-        for entry in self.store.take_written():
-            if isinstance(entry, _Held):
-                entry.waiting = False
-                entry.done = True
-        for held in self._held.values():
-            while held and held[0].done:
-                self._acks.append(held.popleft().record)
+        return self.commits.let_go()
 
     def admit(self, record: InputRecord) -> Event | TaskObservations | SendDeadLetter | ForwardRecord:
         """The record's event (a valid task batch read in one pass), to `handle` here; or what disposes
@@ -349,9 +206,9 @@ class JobEventHandler:
             else:
                 self.stats.boundaries += 1
                 work = decoded
-            yield from self._dispatch(record, self._current, work)
+            yield from self._dispatch(record, work)
         elif isinstance(decoded, JobEvent):
-            yield from self._dispatch(record, self._current, decoded)
+            yield from self._dispatch(record, decoded)
         else:
             yield self._dead_letter(record, f"unexpected {decoded.type} event on {record.topic}")
 
@@ -370,19 +227,16 @@ class JobEventHandler:
             reason = (
                 f"event for unknown job {job_id!r}: no job_event 'started' within {self.pending_grace:.0f}s"
             )
-            for _, record, _, entry in self.pending.pop(job_id):
+            for _, record, _ in self.pending.pop(job_id):
                 letters.append(self._dead_letter(record, reason))
-                if entry is not None:
-                    self._expiring.append(entry)
+                self._expiring.append(record.position)
         return letters
 
     def letters_sent(self) -> None:
         """The letters of the last `expire_pending` are sent: their records are done."""
-        for entry in self._expiring:
-            entry.waiting = False
-            entry.done = True
+        for position in self._expiring:
+            self._waiting_start.pop(position, None)
         self._expiring.clear()
-        self._collect()
 
     def live_ticks(self) -> list[SendTick]:
         """A timer boundary for each live job of the store's cache (jobs this worker handles now)."""
@@ -426,46 +280,25 @@ class JobEventHandler:
                 valid.append(observation)
         return valid
 
-    def flush(self) -> Iterator[Action]:
-        """Wait for everything written so far; the job rows among it are then durable."""
-        rows = self.store.unacknowledged()
-        yield ACKNOWLEDGE
-        self.store.acknowledged(rows)
-
-    def _settled(self, job_id: str) -> Iterator[Action]:
-        """Before any write of a job: its last job row must be on the broker (`pipeline.jobstore`)."""
-        if self.store.awaiting_acknowledgement(job_id):
-            yield from self.flush()
-
-    def _dispatch(
-        self, record: InputRecord, entry: _Held | None, work: TaskInput | JobEvent
-    ) -> Iterator[Action]:
+    def _dispatch(self, record: InputRecord, work: TaskInput | JobEvent) -> Iterator[Action]:
         """Apply ``work``; a task input of a job not started yet waits in `pending`."""
         if isinstance(work, JobEvent):
             yield from self._apply_job_event(work)
         elif self.store.meta(work.job_id) is None or work.job_id in self.pending:
-            if entry is not None:
-                entry.waiting = True
-            self.pending[work.job_id].append((self.clock(), record, work, entry))
+            self.pending[work.job_id].append((self.clock(), record, work))
+            self._waiting_start[record.position] = work.job_id
         else:
-            yield from self._apply(work, entry)
+            yield from self._apply(record, work)
 
-    def _apply_in_order(self, inputs: list[tuple[InputRecord, _Held | None, TaskInput]]) -> Iterator[Action]:
-        """Apply a job's ``inputs``, which waited for its start, in the order they arrived."""
-        for _, entry, work in inputs:
-            yield from self._apply(work, entry)
-            if entry is not None and not entry.waiting:
-                entry.done = True
-
-    def _apply(self, work: TaskInput, entry: _Held | None) -> Iterator[Action]:
-        if entry is not None:
-            entry.waiting = False
+    def _apply(self, record: InputRecord, work: TaskInput) -> Iterator[Action]:
+        """Apply a job's input; its record waits for the job's next task row if it changed the job."""
         if isinstance(work, CheckpointBoundary):
-            yield from self._apply_boundary(work, entry)
+            yield from self._apply_boundary(work)
             return
-        yield from self._settled(work.job_id)
+        yield from self.commits.before_write(work.job_id)
         self._apply_tasks(work)
-        self._hold(entry, work.job_id)  # written with the job's next checkpoint
+        if self.store.has_changes(work.job_id):
+            self.store.hold(work.job_id, record.position)  # written with the job's next checkpoint
 
     def _apply_tasks(self, work: TaskObservations) -> None:
         """Feed task observations to their (known) job; `JobStore.write_changes` writes what they changed."""
@@ -482,26 +315,27 @@ class JobEventHandler:
         store.put_tasks(job, changed)
         self.stats.ignored += len(work.observations) - len(changed)
 
-    def _apply_boundary(self, event: CheckpointBoundary, entry: _Held | None) -> Iterator[Action]:
+    def _apply_boundary(self, event: CheckpointBoundary) -> Iterator[Action]:
         meta = self.store.meta(event.job_id)
         assert meta is not None
         if event.origin == "timer":
             if meta.live:
-                yield from self._evaluate(event.job_id, event.checkpoint_time, None, entry)
+                yield from self._evaluate(event.job_id, event.checkpoint_time, None)
             return
         if meta.live:  # a producer that did not say it sends boundaries does: no timer for this job
-            yield from self._settled(event.job_id)
+            yield from self.commits.before_write(event.job_id)
             meta.live = False
             self.store.save_meta(event.job_id, meta)
-        yield from self._evaluate(event.job_id, event.checkpoint_time, event.produced_at, entry)
+        yield from self._evaluate(event.job_id, event.checkpoint_time, event.produced_at)
 
     def _apply_job_event(self, event: JobEvent) -> Iterator[Action]:
         """Start or end the job; a start applies the job's inputs that waited for it."""
-        yield from self._settled(event.job_id)
+        yield from self.commits.before_write(event.job_id)
         self._start_or_end(event)
         if self.store.meta(event.job_id) is not None:
-            waiting = self.pending.pop(event.job_id, [])
-            yield from self._apply_in_order([(r, e, w) for _, r, w, e in waiting])
+            for _, record, work in self.pending.pop(event.job_id, []):  # in the order they arrived
+                yield from self._apply(record, work)
+                self._waiting_start.pop(record.position, None)
 
     def _start_or_end(self, event: JobEvent) -> None:
         store = self.store
@@ -520,57 +354,47 @@ class JobEventHandler:
             meta.ended_at = event.time
             store.save_meta(event.job_id, meta)
 
-    def _evaluate(
-        self, job_id: str, at: float, boundary_produced_at: float | None, entry: _Held | None
-    ) -> Iterator[Action]:
-        """Evaluate the checkpoint, publish its decisions, then commit it (`_evaluated`)."""
-        store = self.store
-        meta = store.meta(job_id)
+    def _evaluate(self, job_id: str, at: float, boundary_produced_at: float | None) -> Iterator[Action]:
+        """Evaluate the checkpoint, publish its decisions, commit it (`CommitOrder.checkpoint`)."""
+        meta = self.store.meta(job_id)
         if meta is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
             self.stats.ignored += 1
             return  # a duplicate or late boundary: the checkpoint was already evaluated
-        yield from self._settled(job_id)
-        job, meta = store.job(job_id), store.meta(job_id)  # the cached pair, kept current below
-        assert job is not None and meta is not None
-        if self.consensus is not None:
-            self.consensus.prepare(job)  # the latest consensus weights
-        # The order of writes is what makes a killed worker recover exactly (`pipeline.jobstore`).
-        started, version = time.perf_counter(), job.model_version
-        decisions = store.evaluate(job_id, at)
-        refit_seconds = time.perf_counter() - started if job.model_version != version else None
-        yield from self._evaluated(job, meta, at, decisions, boundary_produced_at, refit_seconds)
+        refit_seconds: float | None = None
 
-    def _evaluated(
-        self,
-        job: OnlineJob,
-        meta: JobMeta,
-        at: float,
-        decisions: list[Decision],
-        boundary_produced_at: float | None,
-        refit_seconds: float | None,
-    ) -> Iterator[Action]:
-        """Publish a checkpoint's decisions, then commit it (`JobStore.record_evaluation`)."""
-        store, job_id = self.store, job.job_id
-        now = self.wall_clock()
-        key = job_id.encode()
-        marker = CheckpointEvaluated(
-            job_id=job_id,
-            checkpoint_time=at,
-            evaluated=len(decisions),
-            flagged=sum(d.is_straggler for d in decisions),
-            model_version=job.model_version,
-            boundary_produced_at=boundary_produced_at,
-            produced_at=now,
-        )
-        for part in prediction_parts(decisions, self.method, marker):
-            yield SendPredictionPart(key, part)
-        yield from self.flush()  # the model and predictions are on the broker
+        def evaluate() -> list[Decision]:
+            nonlocal refit_seconds
+            job = self.store.job(job_id)
+            assert job is not None
+            if self.consensus is not None:
+                self.consensus.prepare(job)  # the latest consensus weights
+            started, version = time.perf_counter(), job.model_version
+            decisions = self.store.evaluate(job_id, at)
+            if job.model_version != version:
+                refit_seconds = time.perf_counter() - started
+            return decisions
+
+        def publish(decisions: list[Decision]) -> Iterator[Action]:
+            job = self.store.job(job_id)
+            assert job is not None
+            marker = CheckpointEvaluated(
+                job_id=job_id,
+                checkpoint_time=at,
+                evaluated=len(decisions),
+                flagged=sum(d.is_straggler for d in decisions),
+                model_version=job.model_version,
+                boundary_produced_at=boundary_produced_at,
+                produced_at=self.wall_clock(),
+            )
+            for part in prediction_parts(decisions, self.method, marker):
+                yield SendPredictionPart(job_id.encode(), part)
+
+        decisions, meta = yield from self.commits.checkpoint(job_id, at, evaluate, publish)
         if self.metrics is not None:
             self.metrics.evaluated(decisions, refit_seconds, boundary_produced_at, self.wall_clock())
-        store.record_evaluation(at, job, meta)  # acknowledged by the next flush, before the job's next write
         self.stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
-            yield from self._settled(job_id)
+            yield from self.commits.before_write(job_id)
             self._drop(job_id)
 
     def _drop(self, job_id: str) -> None:
@@ -581,39 +405,32 @@ class JobEventHandler:
 
 async def process(
     handler: JobEventHandler, record: InputRecord, perform: Callable[[Action], Awaitable[None]]
-) -> None:
-    """Handle one input record, performing each action before the handler goes on.
+) -> bool:
+    """Handle one input record, performing each action before the handler goes on; False if its
+    partition was let go meanwhile (the worker gives the record up, unacknowledged).
 
-    A failure while handling (the handler's or a send's) dead-letters the record as an internal error.
-    The record is then held until its changes are written (`JobEventHandler.take_acks`)."""
-    handler.receive(record)
+    A failure while handling (the handler's or a send's) dead-letters the record as an internal
+    error. Then the jobs that hold the partition's records too long are written."""
+    commits = handler.commits
+    commits.received(record)
     admitted = handler.admit(record)
     if isinstance(admitted, SendDeadLetter | ForwardRecord):
         await perform(admitted)
-        await _finish(handler, record, perform)
     else:
-        await _perform_handling(handler, record, handler.handle(record, admitted), perform)
-
-
-async def _perform_handling(
-    handler: JobEventHandler,
-    record: InputRecord,
-    actions: Iterator[Action],
-    perform: Callable[[Action], Awaitable[None]],
-) -> None:
-    try:
-        for action in actions:
-            await perform(action)
-    except Exception as error:  # one bad event must not stop the agent
-        log.exception(
-            "failed on record %s[%d]@%d (key %r)", record.topic, record.partition, record.offset, record.key
-        )
-        await perform(handler.failed(record, error))
-    await _finish(handler, record, perform)
-
-
-async def _finish(
-    handler: JobEventHandler, record: InputRecord, perform: Callable[[Action], Awaitable[None]]
-) -> None:
-    for action in handler.finish(record):
+        try:
+            for action in handler.handle(record, admitted):
+                await perform(action)
+        except Exception as error:  # one bad event must not stop the agent
+            log.exception(
+                "failed on record %s[%d]@%d (key %r)",
+                record.topic,
+                record.partition,
+                record.offset,
+                record.key,
+            )
+            await perform(handler.failed(record, error))
+    if not commits.handled(record):
+        return False
+    for action in commits.write_overdue(record.partition):  # its table writes go to this partition
         await perform(action)
+    return True

@@ -35,6 +35,8 @@ from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
 
 SEPARATOR = "\x1f"
+Position = tuple[str, int, int]
+"""An input record's topic, partition and offset."""
 log = logging.getLogger(__name__)
 
 
@@ -121,8 +123,8 @@ class _CachedJob:
     next_sequence: int
     changed: set[str] = field(default_factory=set)
     """Tasks changed since the job's last task row: `write_changes` writes them as one row."""
-    holding: list[object] = field(default_factory=list)
-    """What `JobStore.hold` was given since the job's last task row."""
+    holding: list[Position] = field(default_factory=list)
+    """The input records `JobStore.hold` was given since the job's last task row."""
 
 
 @dataclass
@@ -136,8 +138,8 @@ class JobStore:
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
     _unacknowledged: set[str] = field(default_factory=set)
     """Jobs whose job row was written and is not known to be on the broker yet."""
-    _written: list[object] = field(default_factory=list)
-    """What `hold` was given whose changes a task row (or the job's drop) has written since."""
+    _holders: dict[Position, str] = field(default_factory=dict)
+    """Each input record whose changes are not written yet, with its job (`hold`)."""
 
     def forget_cache(self) -> None:
         """Partitions moved: what is cached may no longer be ours, or may be stale.
@@ -145,7 +147,7 @@ class JobStore:
         Changes not written yet go with it: the records that made them are held (`hold`), never
         acknowledged, so the partition's next owner reads them again."""
         self._cache.clear()
-        self._written.clear()
+        self._holders.clear()
 
     def forget(self, job_id: str) -> None:
         """`forget_cache` for one job (its method is no longer the worker's to use)."""
@@ -242,25 +244,29 @@ class JobStore:
         cached = self._cache.get(job_id)
         return cached is not None and bool(cached.changed)
 
-    def hold(self, job_id: str, source: object) -> None:
-        """Note that ``source`` (an input record) made changes of the (cached) job that are not written.
+    def hold(self, job_id: str, position: Position) -> None:
+        """Note that the input record at ``position`` made changes of the (cached) job not written yet.
 
-        The agent writes a job's changes at its checkpoints, not per record; a record may be
-        acknowledged only once its changes are written: `take_written` tells which ones are."""
-        self._cached(job_id).holding.append(source)
+        A job's changes are written at its checkpoints, not per record, and a record may be
+        acknowledged only once its changes are written (`holder`)."""
+        self._cached(job_id).holding.append(position)
+        self._holders[position] = job_id
 
-    def take_written(self) -> list[object]:
-        """The sources given to `hold` whose changes are written since the last call."""
-        written, self._written = self._written, []
-        return written
+    def holder(self, position: Position) -> str | None:
+        """The job whose next task row writes changes of the input record at ``position``, if any."""
+        return self._holders.get(position)
+
+    def _release(self, cached: _CachedJob) -> None:
+        for position in cached.holding:
+            self._holders.pop(position, None)
+        cached.holding = []
 
     def write_changes(self, job_id: str) -> int:
         """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
         cached = self._cache.get(job_id)
         if cached is None:
             return 0
-        self._written += cached.holding
-        cached.holding = []
+        self._release(cached)
         if not cached.changed:
             return 0
         state = cached.job.state
@@ -350,7 +356,7 @@ class JobStore:
             del self.jobs[job_id.encode()]
         cached = self._cache.pop(job_id, None)
         if cached is not None:
-            self._written += cached.holding  # nothing of the job is left to write
+            self._release(cached)  # nothing of the job is left to write
         self._unacknowledged.discard(job_id)
         return len(keys)
 
