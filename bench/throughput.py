@@ -38,7 +38,7 @@ from faust_floor import OutputShape, floor_settings
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from pipeline.app import TABLES, changelog_topics, create_changelog_topics
+from pipeline.faust_app import TABLES, changelog_topics, create_changelog_topics
 from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from straggler.kafka.names import TopicNames

@@ -1,12 +1,12 @@
-"""The agent's event handling without Faust: what each input record asks the worker to send, and when.
+"""What each input record asks the worker to do, without Faust.
 
 `JobEventHandler` decodes, routes and applies records to the jobs of a `JobStore`, and yields
 actions: prediction parts, dead letters (with their reason), forwards, live ticks, and
-`Acknowledge`, the points where the worker must wait until the broker has everything sent so far
-(the write order of a checkpoint, `pipeline.jobstore`). `pipeline.app` only performs the actions.
+`Acknowledge`, where the worker must wait until the broker has everything sent so far.
+`pipeline.app` performs the actions; `process` is the whole of one record's handling.
 
-Which input records may be acknowledged, and the order of a checkpoint's writes, are
-`pipeline.commit_order`'s: the handler tells it which records wait for their job's start.
+When a record may be acknowledged, and the order of a checkpoint's writes, are
+`pipeline.commit_order`'s; the handler tells it which records wait for their job's start.
 """
 
 from __future__ import annotations
