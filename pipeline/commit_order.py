@@ -182,8 +182,9 @@ class CommitOrder:
         3. ``publish`` sends the predictions;
         4. everything so far is on the broker (`flush`): the model the job row will name exists;
         5. the job row (`JobStore.record_evaluation`) commits the checkpoint: its model version and
-           flags; a rebuild trusts it alone, so a checkpoint without it is evaluated again, to the
-           same decisions, and its predictions are sent again (consumers keep the first);
+           flags (they reach a task row with the job's next write). A rebuild trusts it alone, so a
+           checkpoint without it is evaluated again, to the same decisions, and its predictions are
+           sent again (the mitigation consumer acts on a checkpoint's first marker only);
         6. the job row is acknowledged by the next flush, which any later write of the job waits for
            (step 1 of its next checkpoint, `before_write`); only then are older models deleted;
         7. the boundary record is acknowledged once handled (`acknowledgeable`): after the job row.

@@ -4,15 +4,8 @@ Tables ``tasks`` (task changes, one row per checkpoint: `JobStore.hold`), ``jobs
 job: a checkpoint's commit record) and ``models`` (each refit's method as data, `pipeline.model_codec`,
 never a pickle), all written on the job's own changelog partition; in-memory `OnlineJob`s are a
 cache rebuilt from them.
-A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
-
-1. `evaluate`: the checkpoint's new model (a new version key), not the job row;
-2. the predictions are published and acknowledged;
-3. `record_evaluation`: the job row, carrying the checkpoint's flags (they reach a task row with the
-   job's next write, so a checkpoint costs no task row of its own);
-4. before anything else of the job is written, the job row is acknowledged (any flush does it:
-   `awaiting_acknowledgement`, `acknowledged`), and the models it no longer names are deleted.
-
+A killed worker can leave any subset of a checkpoint's writes; the order in which the worker makes
+them, and why it then recovers exactly, is `pipeline.commit_order.CommitOrder.checkpoint`.
 A rebuild trusts the job row alone: the model version it names, its flags, no flag after its last
 evaluated checkpoint. Details: docs/module-notes.md.
 """
@@ -53,7 +46,11 @@ def model_key(job_id: str, version: int) -> bytes:
 
 
 def task_row(record: TaskRecord, flagged_at: float | None) -> dict[str, Any]:
-    """One task's state as a dict for `encode_changes` (the features as an array; NaN written as null)."""
+    """One task's state as a dict for `encode_changes` (the features as an array; NaN written as null).
+
+    The keys are short because every task row of the changelog repeats them: ``s`` status, ``x``
+    features, ``st`` start, ``t`` observed at, ``a`` attempt, ``l`` latency, ``f`` flagged at;
+    `read_task_row` turns them back into a `TaskRecord` and its flag time."""
     return {
         "s": int(record.status),
         "x": record.features,
