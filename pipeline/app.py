@@ -95,7 +95,7 @@ class Worker:
             consensus=admm,
         )
         self.commits = self.handler.commits
-        self.in_hand: dict[Position, faust.EventT] = {}
+        self.unacknowledged: dict[Position, faust.EventT] = {}
         """The events of the records received and not acknowledged or given up yet."""
         app.on_partitions_revoked.connect(cast(Any, self.on_partitions_revoked))
         app.on_partitions_assigned.connect(cast(Any, self.on_partitions_assigned))
@@ -112,20 +112,20 @@ class Worker:
         async for event in cast(faust.Stream[bytes], stream).noack().events():
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
-            self.in_hand[record.position] = event
+            self.unacknowledged[record.position] = event
             if not await process(self.handler, record, self.perform):
-                give_up(self.in_hand.pop(record.position))  # its partition was let go meanwhile
+                give_up(self.unacknowledged.pop(record.position))  # its partition was let go meanwhile
             self.acknowledge()
 
     def acknowledge(self) -> None:
         """Acknowledge the records whose changes are written: Faust commits their offsets."""
         for record in self.commits.acknowledgeable():
-            self.in_hand.pop(record.position).ack()
+            self.unacknowledged.pop(record.position).ack()
 
     def let_go(self) -> None:
         """Partitions move: give up the records not acknowledged (their next owner reads them again)."""
         for record in self.handler.let_go():
-            give_up(self.in_hand.pop(record.position))
+            give_up(self.unacknowledged.pop(record.position))
 
     async def on_partitions_revoked(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         """The cache may hold jobs that are no longer ours: drop it, with the records not acknowledged."""
@@ -135,7 +135,7 @@ class Worker:
     async def on_partitions_assigned(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         """The cache may miss changelog updates: drop it, unless it holds changes not written yet
         (records of this assignment, handled before this signal; the revocation dropped the rest)."""
-        if not self.in_hand:
+        if not self.unacknowledged:
             self.store.forget_cache()
 
     async def perform(self, action: Action) -> None:
@@ -177,7 +177,7 @@ class Worker:
                 await self.perform(action)
             overdue = self.commits.overdue()  # the agent may have gone on meanwhile
         for job_id, record in overdue.items():
-            event = self.in_hand.get(record.position)
+            event = self.unacknowledged.get(record.position)
             if event is not None:
                 with writes_routed_to(event):
                     self.commits.write_held(job_id)

@@ -48,6 +48,15 @@ TaskInput = TaskObservations | CheckpointBoundary
 job's 'started' event first."""
 
 
+@dataclass(frozen=True)
+class WaitingForStart:
+    """A job's input that arrived before the job's 'started' event."""
+
+    arrived: float
+    record: InputRecord
+    work: TaskInput
+
+
 @dataclass
 class AgentStats:
     events: int = 0
@@ -141,9 +150,7 @@ class JobEventHandler:
     """For the pending grace period."""
     wall_clock: Callable[[], float] = time.time
     """For ``produced_at`` of predictions and ticks."""
-    pending: defaultdict[str, list[tuple[float, InputRecord, TaskInput]]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
+    pending: defaultdict[str, list[WaitingForStart]] = field(default_factory=lambda: defaultdict(list))
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
     commits: CommitOrder = field(init=False)
@@ -223,13 +230,13 @@ class JobEventHandler:
             return []
         deadline = self.clock() - self.pending_grace
         letters = []
-        for job_id in [j for j, items in self.pending.items() if items and items[0][0] < deadline]:
+        for job_id in [j for j, items in self.pending.items() if items and items[0].arrived < deadline]:
             reason = (
                 f"event for unknown job {job_id!r}: no job_event 'started' within {self.pending_grace:.0f}s"
             )
-            for _, record, _ in self.pending.pop(job_id):
-                letters.append(self._dead_letter(record, reason))
-                self._expiring.append(record.position)
+            for waiting in self.pending.pop(job_id):
+                letters.append(self._dead_letter(waiting.record, reason))
+                self._expiring.append(waiting.record.position)
         return letters
 
     def letters_sent(self) -> None:
@@ -285,7 +292,7 @@ class JobEventHandler:
         if isinstance(work, JobEvent):
             yield from self._apply_job_event(work)
         elif self.store.meta(work.job_id) is None or work.job_id in self.pending:
-            self.pending[work.job_id].append((self.clock(), record, work))
+            self.pending[work.job_id].append(WaitingForStart(self.clock(), record, work))
             self._waiting_start[record.position] = work.job_id
         else:
             yield from self._apply(record, work)
@@ -333,9 +340,9 @@ class JobEventHandler:
         yield from self.commits.before_write(event.job_id)
         self._start_or_end(event)
         if self.store.meta(event.job_id) is not None:
-            for _, record, work in self.pending.pop(event.job_id, []):  # in the order they arrived
-                yield from self._apply(record, work)
-                self._waiting_start.pop(record.position, None)
+            for waiting in self.pending.pop(event.job_id, []):  # in the order they arrived
+                yield from self._apply(waiting.record, waiting.work)
+                self._waiting_start.pop(waiting.record.position, None)
 
     def _start_or_end(self, event: JobEvent) -> None:
         store = self.store

@@ -146,10 +146,6 @@ class JobStore:
         self._cache.clear()
         self._holders.clear()
 
-    def forget(self, job_id: str) -> None:
-        """`forget_cache` for one job (its method is no longer the worker's to use)."""
-        self._cache.pop(job_id, None)
-
     def reload(self, job_id: str) -> OnlineJob | None:
         """Write the job's pending changes, then rebuild it from the tables (its feature names changed)."""
         self.write_changes(job_id)
