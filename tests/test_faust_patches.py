@@ -37,6 +37,26 @@ def test_the_faust_internals_the_patches_use_are_there() -> None:
     assert inspect.getsource(ProducerBuffer.flush).count("flush_atmost") == 1, "flush no longer times out"
 
 
+class _Delivered:
+    """A delivered message, as Faust's consumer tracks it until it is acknowledged."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.acked = False
+
+
+def test_faust_stops_waiting_for_a_record_given_up_without_acknowledging_it() -> None:
+    """``wait_empty`` waits while ``_unacked_messages`` is not empty and drops from it every message
+    whose ``acked`` is set (`give_up` sets it, and no offset is committed for it)."""
+    held, done = _Delivered(1), _Delivered(2)
+    consumer = SimpleNamespace(_unacked_messages={held, done})
+    done.acked = True
+    give_up(SimpleNamespace(message=held))  # type: ignore[arg-type]
+    Consumer._clean_unacked_messages(consumer)  # type: ignore[arg-type]
+    assert consumer._unacked_messages == set()
+    assert "_clean_unacked_messages" in inspect.getsource(Consumer.wait_empty)
+
+
 class SlowBuffer:
     """Faust's buffer as a long NURD fit leaves it: flush rounds that time out before any progress."""
 
