@@ -539,3 +539,24 @@ def test_records_read_again_after_a_kill_decide_as_an_uninterrupted_worker() -> 
         (p.task_id, p.is_straggler, p.adjusted_latency) for p in expected[0][0]
     ]
     assert got[0][1].model_version == expected[0][1].model_version
+
+
+def test_inputs_applied_at_their_jobs_start_are_acknowledged_only_once_their_changes_are_written() -> None:
+    """The inputs that waited for the job's start are applied in order; while a checkpoint among them
+    waits for the broker, the ones after it (not applied yet) are not acknowledged."""
+    worker = Worker()
+    for event in [*some_finished(), running("r1", 10.0), boundary(10.0), running("r2", 12.0)]:
+        worker.event(event)  # offsets 1 to 7, all waiting for the start
+    during_flushes: list[int] = []
+
+    def flush(action: Action) -> None:
+        if isinstance(action, Acknowledge):
+            during_flushes.extend(acked(worker))
+
+    worker.send(worker.record(JOB_EVENTS, "j", encode(started())), flush)
+
+    # 1-5 once the checkpoint wrote them, the boundary (6) once its job row is written; r2 (7) not
+    # while it waits to be applied (behind the flush for that job row), nor after: it waits for the
+    # job's next task row
+    assert during_flushes == [1, 2, 3, 4, 5, 6]
+    assert acked(worker) == [8]
