@@ -125,29 +125,19 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
     """The handler's checkpoint (`JobEventHandler._evaluate`), its model and its records timed apart."""
     parts: list[bytes] = []
     model_seconds = 0.0
-    actions = handler._apply_boundary(boundary, None)
+    actions = handler._apply_boundary(boundary)
     store = handler.store
-    begin_evaluation, end_evaluation = store.begin_evaluation, store.end_evaluation
+    evaluate = store.evaluate
 
-    def timed(step: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any) -> Any:
-            nonlocal model_seconds
-            started = time.perf_counter()
-            try:
-                return step(*args)
-            finally:
-                model_seconds += time.perf_counter() - started
+    def timed_evaluate(*args: Any) -> Any:
+        nonlocal model_seconds
+        started = time.perf_counter()
+        try:
+            return evaluate(*args)
+        finally:
+            model_seconds += time.perf_counter() - started
 
-        return run
-
-    def timed_begin(job_id: str, at: float) -> Any:
-        plan = timed(begin_evaluation)(job_id, at)
-        if plan is not None:
-            plan.fit = timed(plan.fit)  # the refit, between the two steps
-        return plan
-
-    store.begin_evaluation = timed_begin  # type: ignore[method-assign]
-    store.end_evaluation = timed(end_evaluation)  # type: ignore[method-assign]
+    store.evaluate = timed_evaluate  # type: ignore[method-assign,assignment]
     started = time.perf_counter()
     try:
         for action in actions:
@@ -155,7 +145,7 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
             if isinstance(value, bytes):
                 parts.append(value)
     finally:
-        del store.begin_evaluation, store.end_evaluation
+        del store.evaluate
     total = time.perf_counter() - started
     return parts, model_seconds, total - model_seconds
 

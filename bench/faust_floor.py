@@ -1,7 +1,7 @@
 """A Faust worker that moves the worker's records and does nothing else: what Faust alone costs.
 
 `bench/throughput.py` runs it after the real worker, on the same input, with the real worker's App
-configuration (`pipeline.app.faust_app`: acknowledgements from every replica, 1 s commits, memory
+configuration (`pipeline.faust_app.faust_app`: acknowledgements from every replica, 1 s commits, memory
 tables with changelogs). Per input record it decodes the JSON (as the raw consumer does); per
 checkpoint boundary it writes what the real worker wrote per boundary in that run (prediction records
 and table rows, same counts and mean sizes, `OutputShape`) and waits for the broker to acknowledge
@@ -27,9 +27,9 @@ if str(REPO) not in sys.path:  # run as a file, not as a module of the package
 import faust  # noqa: E402
 import orjson  # noqa: E402
 
-from pipeline.app import TABLES, faust_app  # noqa: E402
 from pipeline.cli import quiet_worker  # noqa: E402
-from pipeline.durability import acknowledged  # noqa: E402
+from pipeline.faust_app import TABLES, faust_app  # noqa: E402
+from pipeline.faust_patches import acknowledged  # noqa: E402
 from pipeline.settings import WorkerSettings  # noqa: E402
 from straggler.kafka.names import TopicNames  # noqa: E402
 
@@ -44,7 +44,7 @@ class OutputShape:
     predictions: tuple[float, int]
     """Prediction records per boundary, mean bytes."""
     rows: dict[str, tuple[float, int]]
-    """Per table (`pipeline.app.TABLES`): changelog rows per boundary, mean bytes."""
+    """Per table (`pipeline.faust_app.TABLES`): changelog rows per boundary, mean bytes."""
 
     def to_json(self) -> str:
         return json.dumps({"predictions": self.predictions, "rows": self.rows})

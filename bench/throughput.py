@@ -38,7 +38,7 @@ from faust_floor import OutputShape, floor_settings
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from pipeline.app import TABLES, changelog_topics, create_changelog_topics
+from pipeline.faust_app import TABLES, changelog_topics, create_changelog_topics
 from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from straggler.kafka.names import TopicNames
@@ -167,15 +167,12 @@ class Input:
     timeout: float
 
 
-def pipeline_rate(
-    given: Input, method: str = "nurd", refit_thread: bool = False, park_acks: bool = False
-) -> dict[str, float]:
+def pipeline_rate(given: Input, method: str = "nurd") -> dict[str, float]:
     """Run the Faust worker until its committed offsets reach the end; rates between commits."""
     group = app_id(settings_for(given.bootstrap, given.topics))
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as workdir:
         args = ["worker", "--bootstrap", given.bootstrap, "--topic-prefix", given.topics.prefix]
-        args += ["--datadir", workdir, "--method", method] + (["--refit-thread"] if refit_thread else [])
-        args += ["--park-acks"] if park_acks else []
+        args += ["--datadir", workdir, "--method", method]
         with child_process(args, given.out / "throughput-worker.log") as worker:
             return committed_rate(given, group, worker, "pipeline")
 
@@ -272,14 +269,6 @@ def main() -> int:
         help="the worker's method; `reactive` (no model) isolates the framework's own cost",
     )
     parser.add_argument(
-        "--refit-thread", action="store_true", help="the worker refits in a thread (to compare)"
-    )
-    parser.add_argument(
-        "--park-acks",
-        action="store_true",
-        help="the worker parks a waiting partition until a group flush (to compare)",
-    )
-    parser.add_argument(
         "--no-floor",
         action="store_true",
         help="skip the Faust floor (bench/faust_floor.py: the same records in and out, no work)",
@@ -306,7 +295,7 @@ def main() -> int:
         cumulative: Cumulative = {}
         raw = raw_rate(bootstrap, ends, args.timeout, cumulative)
         given = Input(bootstrap, topics, ends, cumulative, out, args.timeout)
-        pipe = pipeline_rate(given, args.method, args.refit_thread, args.park_acks)
+        pipe = pipeline_rate(given, args.method)
         outputs = sum(topic_end_offsets(bootstrap, [topics.predictions]).values())
         tables = changelog_topics(settings_for(bootstrap, topics))
         changelogs = sum(topic_end_offsets(bootstrap, tables).values())
@@ -328,8 +317,6 @@ def main() -> int:
         "changelog_records": changelogs,
         "targets": {"pipeline_observations_per_second": 50_000, "output_records_per_observation": 0.05},
         "method": args.method,
-        "refit_thread": args.refit_thread,
-        "park_acks": args.park_acks,
         "jobs": n_jobs,
         "tasks_per_job": args.tasks,
         "events": sum(ends.values()),

@@ -65,6 +65,25 @@ Output = RelaunchCommand | DeadLetter
 """What a record causes: commands, or a dead letter for a record that cannot be read."""
 
 
+@dataclass(frozen=True)
+class _TaskEnd:
+    """A task run's end that the policy has not been told about yet."""
+
+    at: float
+    task_id: str
+    latency: float | None
+    """None for a run that failed or was killed."""
+    attempt: int
+
+
+@dataclass(frozen=True)
+class _Evaluated:
+    """A checkpoint whose marker arrived, with its decisions, waiting for the job's task events."""
+
+    at: float
+    decisions: list[Decision]
+
+
 @dataclass
 class _Job:
     """What the fold keeps per job, besides the policy's own state."""
@@ -74,11 +93,9 @@ class _Job:
     last_marker: float = -math.inf
     buffered: dict[float, dict[str, Decision]] = field(default_factory=dict)
     """Predictions by checkpoint time, then task, until the checkpoint's marker arrives."""
-    waiting: deque[tuple[float, list[Decision]]] = field(default_factory=deque)
+    waiting: deque[_Evaluated] = field(default_factory=deque)
     """Markers that arrived before the job's ``task-checkpoints`` reached their time."""
-    finishes: list[tuple[float, str, float | None, int]] = field(default_factory=list)
-    """(time, task, latency, attempt) of ends the policy has not been told about yet; latency None
-    for a run that failed or was killed."""
+    finishes: list[_TaskEnd] = field(default_factory=list)
     ended_at: float | None = None
     issued: set[str] = field(default_factory=set)
     finished_runs: set[tuple[str, int]] = field(default_factory=set)
@@ -201,7 +218,7 @@ class MitigationState:
                     event.evaluated,
                     len(decisions),
                 )
-            job.waiting.append((at, decisions))
+            job.waiting.append(_Evaluated(at, decisions))
             outputs = self._drain(event.job_id, job)
         self._close_ended(partition)
         return outputs
@@ -216,7 +233,7 @@ class MitigationState:
             if run not in job.finished_runs:  # a repeated end must not count twice (Mantri's median)
                 job.finished_runs.add(run)
                 latency = event.latency if ended else None
-                job.finishes.append((event.checkpoint_time, event.task_id, latency, event.attempt))
+                job.finishes.append(_TaskEnd(event.checkpoint_time, event.task_id, latency, event.attempt))
         if event.status == "running":
             return self._advance(event.job_id, job, event.checkpoint_time, partition)
         return []
@@ -232,16 +249,17 @@ class MitigationState:
     def _drain(self, job_id: str, job: _Job) -> list[RelaunchCommand]:
         """Act on every waiting marker the job's task events have caught up with, in order."""
         outputs: list[RelaunchCommand] = []
-        while job.waiting and job.waiting[0][0] <= job.watermark:
-            at, decisions = job.waiting.popleft()
+        while job.waiting and job.waiting[0].at <= job.watermark:
+            evaluated = job.waiting.popleft()
+            at, decisions = evaluated.at, evaluated.decisions
             later = []
-            for finish in job.finishes:
-                if finish[0] > at:
-                    later.append(finish)
-                elif finish[2] is None:
-                    self.policy.on_task_gone(job_id, finish[1], finish[0], finish[3])
+            for end in job.finishes:
+                if end.at > at:
+                    later.append(end)
+                elif end.latency is None:
+                    self.policy.on_task_gone(job_id, end.task_id, end.at, end.attempt)
                 else:
-                    self.policy.on_task_finished(job_id, finish[1], finish[0], finish[2], finish[3])
+                    self.policy.on_task_finished(job_id, end.task_id, end.at, end.latency, end.attempt)
             job.finishes = later
             self.checkpoints += 1
             for action in self.policy.on_checkpoint(job_id, at, decisions):

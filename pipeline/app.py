@@ -15,340 +15,179 @@ record asks is decided by `pipeline.handler`; this module performs it with Faust
 
 from __future__ import annotations
 
-import asyncio
-import copy
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import Any, cast
 
 import faust
 
-from pipeline.commits import give_up, let_go_before_waiting, writes_routed_to
-from pipeline.durability import acknowledged, drain_fully
-from pipeline.flow import keep_queued_records
+from pipeline.commit_order import IDLE_SECONDS, InputRecord
+from pipeline.faust_app import TABLE_HELP, TABLES, faust_app, method_factory
+from pipeline.faust_app import create_changelog_topics as create_changelog_topics  # `straggler worker`
+from pipeline.faust_patches import acknowledged, give_up, let_go_before_waiting, writes_routed_to
 from pipeline.handler import (
-    IDLE_SECONDS,
     Action,
     AgentStats,
     ForwardRecord,
-    InputRecord,
     JobEventHandler,
-    RunRefit,
     SendDeadLetter,
     SendPredictionPart,
     SendTick,
     process,
-    resume,
 )
-from pipeline.jobstore import JobStore, new_online_job
+from pipeline.jobstore import JobStore, Position, new_online_job
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
-from pipeline.settings import WorkerSettings, app_id
-from straggler.core.method import StragglerMethod
-from straggler.core.registry import load_trained_method, make_method
-from straggler.kafka.security import current_security, faust_credentials
-
-
-def method_factory(settings: WorkerSettings) -> Callable[[], StragglerMethod]:
-    """A fresh method per job: from the registry, or a copy of the trained cross-job model."""
-    if make_method(settings.method, settings.seed).uses_future_information:
-        raise ValueError(f"{settings.method} is told the future (an evaluation control): no worker runs it")
-    if settings.admm_interval is not None:
-        if settings.method != "admm":
-            raise ValueError(f"--admm-interval is for --method admm, not {settings.method}")
-        if settings.model_path is not None:
-            raise ValueError("--admm-interval learns the model in the stream: leave out --model")
-        return lambda: make_method(settings.method, settings.seed)  # weights: the live consensus
-    if settings.model_path is None:
-        if make_method(settings.method, settings.seed).learns_across_jobs:
-            raise ValueError(
-                f"{settings.method} learns across jobs: train it (`straggler train`), pass --model"
-            )
-        return lambda: make_method(settings.method, settings.seed)
-    trained = load_trained_method(Path(settings.model_path), settings.method)
-    return lambda: copy.deepcopy(trained)
-
-
-TABLE_HELP = {
-    "tasks": "one row per task: latest state of each task",
-    "jobs": "one row per job: protocol state and model version",
-    "models": "each job's fitted method, at every refit",
-}
-TABLES = tuple(TABLE_HELP)
-SESSION_TIMEOUT_S = 10.0
-"""How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
-REFIT_POLL_SECONDS = 0.02
-"""How often a finished refit is looked for while no record arrives (the agent looks after each one)."""
-
-
-def changelog_topics(settings: WorkerSettings) -> list[str]:
-    """The tables' changelog topics, named as Faust names them."""
-    return [f"{app_id(settings)}-{table}-changelog" for table in TABLES]
-
-
-def create_changelog_topics(settings: WorkerSettings) -> list[str]:
-    """Create the changelogs (compacted, co-partitioned with the inputs) before Faust starts.
-
-    Faust declares them itself at start-up, but a first table write can race its metadata refresh
-    and fail with a partition mismatch; declaring them up front, like every other topic, avoids it.
-    """
-    from confluent_kafka.admin import NewTopic
-
-    from straggler.kafka.topics import create_missing_topics
-
-    topics = [
-        NewTopic(
-            name,
-            num_partitions=settings.partitions,
-            replication_factor=1,
-            config={"cleanup.policy": "compact"},
-        )
-        for name in changelog_topics(settings)
-    ]
-    return create_missing_topics(settings.bootstrap, topics)
-
-
-def faust_app(settings: WorkerSettings) -> faust.App:
-    """An App configured as the worker's (broker, credentials, acknowledgements, commits, recovery),
-    with no topic, table or agent yet: `create_app` adds the worker's, bench/faust_floor.py its own."""
-    app = faust.App(
-        app_id(settings),
-        broker=f"kafka://{settings.bootstrap}",
-        broker_credentials=faust_credentials(current_security()),  # TLS/SASL, as every other client
-        store="memory://",
-        topic_partitions=settings.partitions,
-        topic_disable_leader=True,
-        key_serializer="raw",
-        value_serializer="raw",
-        web_enabled=False,
-        producer_acks=-1,
-        broker_commit_interval=1.0,
-        broker_session_timeout=SESSION_TIMEOUT_S,
-        # No standby replicas: the memory store drops the rows of every partition that is not active
-        # at the end of a recovery, while Faust's recovery remembers how far it read that partition as
-        # a standby; a worker taking the partition over then skips the changelog and misses its jobs.
-        # Without standbys it reads the whole changelog partition when it takes one over.
-        table_standby_replicas=0,
-        consumer_auto_offset_reset="earliest",
-        datadir=settings.datadir,
-    )
-    drain_fully(app.producer)  # every commit waits for all buffered rows (`pipeline.durability`)
-    keep_queued_records(app.flow_control)  # recovery's second resume must not drop fetched records
-    return app
+from pipeline.settings import WorkerSettings
 
 
 def create_app(settings: WorkerSettings) -> faust.App:
-    """Build the worker's App with its topics, tables, agent and timer."""
-    names = settings.topics
-    app = faust_app(settings)
-    inputs = app.topic(names.checkpoints, names.job_events, key_type=bytes, value_type=bytes)
-    predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
-    dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
-    boundaries = app.topic(names.checkpoints, key_type=bytes, value_type=bytes)
-    home_topics = {
-        names.checkpoints: boundaries,
-        names.job_events: app.topic(names.job_events, key_type=bytes, value_type=bytes),
-    }
-    # Rows are bytes we encode ourselves: without key_type/value_type=bytes Faust writes them raw but
-    # decodes the changelog as JSON on recovery, and a restarted worker never finishes recovering.
-    tables = {
-        name: app.Table(
-            name,
-            partitions=settings.partitions,
-            key_type=bytes,
-            value_type=bytes,
-            help=TABLE_HELP[name],
+    """Build the worker's App with its topics, tables, agent and timers (`Worker`)."""
+    return Worker(settings).app
+
+
+class Worker:
+    """The worker's Faust wiring: its topics and tables, the agent that hands each record to
+    `pipeline.handler.process`, and the timers; it performs the handler's actions and acknowledges
+    the records `CommitOrder.acknowledgeable` hands out."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        names = settings.topics
+        self.app = app = faust_app(settings)
+        self.inputs = app.topic(names.checkpoints, names.job_events, key_type=bytes, value_type=bytes)
+        self.predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
+        self.dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
+        self.home_topics = {  # where a record on a foreign partition is copied to, and ticks go
+            name: app.topic(name, key_type=bytes, value_type=bytes)
+            for name in (names.checkpoints, names.job_events)
+        }
+        self.boundaries = self.home_topics[names.checkpoints]
+        # Rows are bytes we encode ourselves: without key_type/value_type=bytes Faust writes them raw but
+        # decodes the changelog as JSON on recovery, and a restarted worker never finishes recovering.
+        tasks, jobs, models = (
+            app.Table(
+                name, partitions=settings.partitions, key_type=bytes, value_type=bytes, help=TABLE_HELP[name]
+            )
+            for name in TABLES
         )
-        for name in TABLES
-    }
-    tasks, jobs, models = (tables[name] for name in TABLES)
+        protocol = {
+            "quantile": settings.quantile,
+            "start_fraction": settings.start_fraction,
+            "refit_growth": settings.refit_growth,
+        }
+        self.store = JobStore(
+            tasks, jobs, models, make_job=new_online_job(method_factory(settings), protocol)
+        )
+        admm = None
+        if settings.admm_interval is not None:
+            from pipeline.admm_online import install
 
-    protocol = {
-        "quantile": settings.quantile,
-        "start_fraction": settings.start_fraction,
-        "refit_growth": settings.refit_growth,
-    }
-    store = JobStore(tasks, jobs, models, new_online_job(method_factory(settings), protocol))
-    admm = None
-    if settings.admm_interval is not None:
-        from pipeline.admm_online import install
+            admm = install(app, settings, self.store)
+        stats = AgentStats()
+        metrics = WorkerMetrics(stats, jobs=lambda: len(jobs))
+        app.straggler_stats = stats  # type: ignore[attr-defined]
+        app.straggler_metrics = metrics  # type: ignore[attr-defined]  # served by `straggler worker --metrics-port`
+        install_lag_sampler(app, metrics, {names.checkpoints, names.job_events})
+        self.handler = JobEventHandler(
+            self.store,
+            method=settings.method,
+            partitions=settings.partitions,
+            pending_grace=settings.pending_grace,
+            stats=stats,
+            metrics=metrics,
+            consensus=admm,
+        )
+        self.commits = self.handler.commits
+        self.unacknowledged: dict[Position, faust.EventT] = {}
+        """The events of the records received and not acknowledged or given up yet."""
+        app.on_partitions_revoked.connect(cast(Any, self.on_partitions_revoked))
+        app.on_partitions_assigned.connect(cast(Any, self.on_partitions_assigned))
+        app.agent(self.inputs)(self.straggler_agent)
+        app.timer(interval=1.0)(self.expire_pending)
+        app.timer(interval=IDLE_SECONDS / 2)(self.write_held_changes)
+        app.timer(interval=settings.live_interval)(self.evaluate_live_jobs)
 
-        admm = install(app, settings, store)
-    stats = AgentStats()
-    app.straggler_stats = stats  # type: ignore[attr-defined]
-    metrics = WorkerMetrics(stats, jobs=lambda: len(jobs))
-    app.straggler_metrics = metrics  # type: ignore[attr-defined]  # served by `straggler worker --metrics-port`
-    install_lag_sampler(app, metrics, {names.checkpoints, names.job_events})
-    handler = JobEventHandler(
-        store,
-        method=settings.method,
-        partitions=settings.partitions,
-        pending_grace=settings.pending_grace,
-        stats=stats,
-        metrics=metrics,
-        consensus=admm,
-        offload_refits=settings.refit_thread,
-        park_acknowledgements=settings.park_acks,
-    )
-    refit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refit")
-    refits: deque[tuple[RunRefit, asyncio.Future[None]]] = deque()
-    """Refits handed to the thread, in the order they were started (and will end)."""
-    handling = asyncio.Lock()
-    """One record, or one refit's or flush's conclusion, at a time: the handler has one record in hand."""
-    group_flush: asyncio.Task[None] | None = None
-    """The flush for the parked partitions, while it runs (`flush_parked_jobs`)."""
-
-    in_hand: dict[tuple[str, int, int], faust.EventT] = {}
-    """The events of the records the handler holds, by topic, partition and offset."""
-
-    def settle() -> None:
-        """Acknowledge the records the handler is done with; give up those it let go."""
-        for record in handler.take_acks():
-            in_hand.pop((record.topic, record.partition, record.offset)).ack()
-        for record in handler.take_dropped():
-            give_up(in_hand.pop((record.topic, record.partition, record.offset)))
-
-    def let_go() -> None:
-        """Partitions move: give up the held records (never committed: their next owner reads them)."""
-        for record in handler.let_go():
-            give_up(in_hand.pop((record.topic, record.partition, record.offset)))
-
-    async def on_partitions_revoked(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
-        """The cache may hold jobs that are no longer ours: drop it, with what the handler holds."""
-        let_go()
-        store.forget_cache()
-
-    async def on_partitions_assigned(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
-        """The cache may miss changelog updates: drop it, unless it holds changes not written yet
-        (records of this assignment, handled before this signal; the revocation dropped the rest)."""
-        if not in_hand:
-            store.forget_cache()
-
-    app.on_partitions_revoked.connect(cast(Any, on_partitions_revoked))
-    app.on_partitions_assigned.connect(cast(Any, on_partitions_assigned))
-
-    async def perform(action: Action) -> None:
-        """Send what the handler asks for, or wait for the broker where it says so."""
-        if isinstance(action, SendPredictionPart):
-            await predictions.send(key=action.key, value=action.value)
-        elif isinstance(action, SendDeadLetter):
-            await dead_letters.send(key=action.key, value=action.value)
-        elif isinstance(action, SendTick):
-            await boundaries.send(key=action.key, value=action.value)
-        elif isinstance(action, ForwardRecord):
-            await forward(action)
-        elif isinstance(action, RunRefit):
-            refits.append((action, asyncio.get_running_loop().run_in_executor(refit_thread, action.fit)))
-        else:
-            await acknowledged(app.producer)
-
-    async def forward(action: ForwardRecord) -> None:
-        """Copy a misplaced record, unchanged, to its job's partition of the same topic.
-
-        Sends keep their order per partition, so one producer's records of a job stay in order; the
-        source offset is committed only after the copy is on the broker (`drain_fully`), so a crash
-        forwards it again at worst: a repeated observation, boundary or start changes nothing.
-        """
-        record = action.record
-        await home_topics[record.topic].send(key=record.key, value=record.value, partition=action.partition)
-
-    def routed(record: InputRecord) -> AbstractContextManager[object]:
-        """Table writes within go to ``record``'s partition (unless it was let go)."""
-        event = in_hand.get((record.topic, record.partition, record.offset))
-        return writes_routed_to(event) if event is not None else nullcontext()
-
-    @app.agent(inputs)
-    async def straggler_agent(stream: faust.StreamT[bytes]) -> None:
+    async def straggler_agent(self, stream: faust.StreamT[bytes]) -> None:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
 
-        Records are acknowledged by hand, once their changes are written (`pipeline.commits`)."""
-        let_go_before_waiting(app.consumer, let_go)
+        Records are acknowledged by hand, once their changes are written (`pipeline.commit_order`)."""
+        let_go_before_waiting(self.app.consumer, self.let_go)
         async for event in cast(faust.Stream[bytes], stream).noack().events():
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
-            in_hand[(record.topic, record.partition, record.offset)] = event
-            async with handling:
-                await process(handler, record, perform)
-                await conclude_refits()
-            settle()
-            flush_parked_jobs()
+            self.unacknowledged[record.position] = event
+            if not await process(self.handler, record, self.perform):
+                give_up(self.unacknowledged.pop(record.position))  # its partition was let go meanwhile
+            self.acknowledge()
 
-    async def conclude_refits() -> None:
-        """Conclude the refits that ended (their checkpoints' writes go to their boundaries' partitions)."""
-        while refits and refits[0][1].done():
-            action, future = refits.popleft()
-            await resume(handler, handler.refit_done(action, future.exception()), perform, routed)
+    def acknowledge(self) -> None:
+        """Acknowledge the records whose changes are written: Faust commits their offsets."""
+        for record in self.commits.acknowledgeable():
+            self.unacknowledged.pop(record.position).ack()
 
-    def flush_parked_jobs() -> None:
-        """Start the group flush, unless it runs, if partitions are parked."""
-        nonlocal group_flush
-        if settings.park_acks and handler.parked() and (group_flush is None or group_flush.done()):
-            group_flush = asyncio.ensure_future(flush_for_parked_jobs())
+    def let_go(self) -> None:
+        """Partitions move: give up the records not acknowledged (their next owner reads them again)."""
+        for record in self.handler.let_go():
+            give_up(self.unacknowledged.pop(record.position))
 
-    async def flush_for_parked_jobs() -> None:
-        """While partitions are parked: one round trip to the broker for all of them, then resume those
-        parked before it began; the agent goes on handling other partitions' records meanwhile."""
-        while handler.parked():
-            flush = handler.flush_started()
-            error: BaseException | None = None
-            try:
-                await acknowledged(app.producer)
-            except Exception as failure:  # each resumed record is dead-lettered with it
-                error = failure
-            async with handling:
-                await resume(handler, handler.flush_done(flush, error), perform, routed)
-            settle()
+    async def on_partitions_revoked(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """The cache may hold jobs that are no longer ours: drop it, with the records not acknowledged."""
+        self.let_go()
+        self.store.forget_cache()
 
-    async def conclude_refits_while_idle() -> None:
-        """Refits that end while no record arrives are concluded all the same; parked partitions are
-        flushed for even if the last group flush failed on its way."""
-        if refits and refits[0][1].done() and app.flow_control.is_active():
-            async with handling:
-                await conclude_refits()
-            settle()
-        flush_parked_jobs()
+    async def on_partitions_assigned(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+        """The cache may miss changelog updates: drop it, unless it holds changes not written yet
+        (records of this assignment, handled before this signal; the revocation dropped the rest)."""
+        if not self.unacknowledged:
+            self.store.forget_cache()
 
-    if settings.refit_thread or settings.park_acks:  # nothing to look for otherwise
-        app.timer(interval=REFIT_POLL_SECONDS)(conclude_refits_while_idle)
+    async def perform(self, action: Action) -> None:
+        """Send what the handler asks for, or wait for the broker where it says so."""
+        if isinstance(action, SendPredictionPart):
+            await self.predictions.send(key=action.key, value=action.value)
+        elif isinstance(action, SendDeadLetter):
+            await self.dead_letters.send(key=action.key, value=action.value)
+        elif isinstance(action, SendTick):
+            await self.boundaries.send(key=action.key, value=action.value)
+        elif isinstance(action, ForwardRecord):
+            # Sends keep their order per partition, so one producer's records of a job stay in order;
+            # the source offset is committed only after the copy is on the broker (`drain_fully`), so
+            # a crash forwards it again at worst: a repeated observation, boundary or start changes nothing.
+            record = action.record
+            await self.home_topics[record.topic].send(
+                key=record.key, value=record.value, partition=action.partition
+            )
+        else:
+            await acknowledged(self.app.producer)
 
-    @app.timer(interval=1.0)
-    async def expire_pending() -> None:
+    async def expire_pending(self) -> None:
         """Task events whose job never started go to dead letters once the grace period is over."""
-        letters = handler.expire_pending()
+        letters = self.handler.expire_pending()
         for letter in letters:
-            await perform(letter)
+            await self.perform(letter)
         if letters:
-            handler.letters_sent()
-            settle()
+            self.handler.letters_sent()
+            self.acknowledge()
 
-    @app.timer(interval=IDLE_SECONDS / 2)
-    async def write_held_changes() -> None:
-        """Jobs that held records longer than the handler allows, or any once the input paused, have
-        their changes written, so a job without checkpoints does not hold its partition's commits back."""
-        if not app.flow_control.is_active():
+    async def write_held_changes(self) -> None:
+        """Jobs that held records longer than allowed, or any once the input paused, have their
+        changes written, so a job without checkpoints does not hold its partition's commits back."""
+        if not self.app.flow_control.is_active():
             return  # partitions are moving
-        overdue = handler.overdue()
-        if any(store.awaiting_acknowledgement(job_id) for job_id, _ in overdue):
-            for action in handler.flush():
-                await perform(action)
-            overdue = handler.overdue()  # the agent may have gone on meanwhile
-        for job_id, record in overdue:
-            event = in_hand.get((record.topic, record.partition, record.offset))
+        overdue = self.commits.overdue()
+        if any(self.store.awaiting_acknowledgement(job_id) for job_id in overdue):
+            for action in self.commits.flush():
+                await self.perform(action)
+            overdue = self.commits.overdue()  # the agent may have gone on meanwhile
+        for job_id, record in overdue.items():
+            event = self.unacknowledged.get(record.position)
             if event is not None:
                 with writes_routed_to(event):
-                    handler.write_held(job_id)
-        settle()
+                    self.commits.write_held(job_id)
+        self.acknowledge()
 
-    @app.timer(interval=settings.live_interval)
-    async def evaluate_live_jobs() -> None:
+    async def evaluate_live_jobs(self) -> None:
         """Jobs that send no boundaries get one from the worker, into their own partition.
 
         Only jobs this worker has handled since its last rebalance (its cache) are ticked, so two
         workers never tick the same job; a live job re-enters the cache with its next report.
         """
-        for tick in handler.live_ticks():
-            await perform(tick)
-
-    return app
+        for tick in self.handler.live_ticks():
+            await self.perform(tick)

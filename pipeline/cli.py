@@ -32,8 +32,6 @@ def _worker(args: argparse.Namespace) -> int:
         seed=args.seed,
         datadir=args.datadir,
         admm_interval=args.admm_interval,
-        refit_thread=args.refit_thread,
-        park_acks=args.park_acks,
     )
     mismatch = _partition_mismatch(settings)
     if mismatch:
@@ -106,17 +104,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="with --method admm and no --model: learn it in the stream, one consensus round over the "
         "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1",
-    )
-    p.add_argument(
-        "--refit-thread",
-        action="store_true",
-        help="refit in a thread while other partitions' events go on, not in the event loop (same decisions)",
-    )
-    p.add_argument(
-        "--park-acks",
-        action="store_true",
-        help="wait for the broker at each checkpoint in one group flush for the partitions that wait, not "
-        "holding up every job (same decisions)",
     )
     p.add_argument("--seed", type=int, default=0)
     add_metrics_arguments(p)

@@ -4,16 +4,8 @@ Tables ``tasks`` (task changes, one row per checkpoint: `JobStore.hold`), ``jobs
 job: a checkpoint's commit record) and ``models`` (each refit's method as data, `pipeline.model_codec`,
 never a pickle), all written on the job's own changelog partition; in-memory `OnlineJob`s are a
 cache rebuilt from them.
-A killed worker can leave any subset of a checkpoint's writes, so the agent writes in this order:
-
-1. `evaluate` (or `begin_evaluation`, the refit, `end_evaluation`): the checkpoint's new model (a new
-   version key), not the job row;
-2. the predictions are published and acknowledged;
-3. `record_evaluation`: the job row, carrying the checkpoint's flags (they reach a task row with the
-   job's next write, so a checkpoint costs no task row of its own);
-4. before anything else of the job is written, the job row is acknowledged (any flush does it:
-   `awaiting_acknowledgement`, `acknowledged`), and the models it no longer names are deleted.
-
+A killed worker can leave any subset of a checkpoint's writes; the order in which the worker makes
+them, and why it then recovers exactly, is `pipeline.commit_order.CommitOrder.checkpoint`.
 A rebuild trusts the job row alone: the model version it names, its flags, no flag after its last
 evaluated checkpoint. Details: docs/module-notes.md.
 """
@@ -33,9 +25,11 @@ from pipeline.model_codec import ModelRecordError, decode_model, encode_model
 from schemas import nan_to_none, none_to_nan
 from straggler.core.jobstate import TaskRecord, TaskStatus
 from straggler.core.method import StragglerMethod
-from straggler.core.online import CheckpointPlan, Decision, OnlineJob
+from straggler.core.online import Decision, OnlineJob
 
 SEPARATOR = "\x1f"
+Position = tuple[str, int, int]
+"""An input record's topic, partition and offset."""
 log = logging.getLogger(__name__)
 
 
@@ -52,7 +46,11 @@ def model_key(job_id: str, version: int) -> bytes:
 
 
 def task_row(record: TaskRecord, flagged_at: float | None) -> dict[str, Any]:
-    """One task's state as a dict for `encode_changes` (the features as an array; NaN written as null)."""
+    """One task's state as a dict for `encode_changes` (the features as an array; NaN written as null).
+
+    The keys are short because every task row of the changelog repeats them: ``s`` status, ``x``
+    features, ``st`` start, ``t`` observed at, ``a`` attempt, ``l`` latency, ``f`` flagged at;
+    `read_task_row` turns them back into a `TaskRecord` and its flag time."""
     return {
         "s": int(record.status),
         "x": record.features,
@@ -122,8 +120,8 @@ class _CachedJob:
     next_sequence: int
     changed: set[str] = field(default_factory=set)
     """Tasks changed since the job's last task row: `write_changes` writes them as one row."""
-    holding: list[object] = field(default_factory=list)
-    """What `JobStore.hold` was given since the job's last task row."""
+    holding: list[Position] = field(default_factory=list)
+    """The input records `JobStore.hold` was given since the job's last task row."""
 
 
 @dataclass
@@ -137,8 +135,8 @@ class JobStore:
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
     _unacknowledged: set[str] = field(default_factory=set)
     """Jobs whose job row was written and is not known to be on the broker yet."""
-    _written: list[object] = field(default_factory=list)
-    """What `hold` was given whose changes a task row (or the job's drop) has written since."""
+    _holders: dict[Position, str] = field(default_factory=dict)
+    """Each input record whose changes are not written yet, with its job (`hold`)."""
 
     def forget_cache(self) -> None:
         """Partitions moved: what is cached may no longer be ours, or may be stale.
@@ -146,11 +144,7 @@ class JobStore:
         Changes not written yet go with it: the records that made them are held (`hold`), never
         acknowledged, so the partition's next owner reads them again."""
         self._cache.clear()
-        self._written.clear()
-
-    def forget(self, job_id: str) -> None:
-        """`forget_cache` for one job (its method is no longer the worker's to use)."""
-        self._cache.pop(job_id, None)
+        self._holders.clear()
 
     def reload(self, job_id: str) -> OnlineJob | None:
         """Write the job's pending changes, then rebuild it from the tables (its feature names changed)."""
@@ -243,25 +237,29 @@ class JobStore:
         cached = self._cache.get(job_id)
         return cached is not None and bool(cached.changed)
 
-    def hold(self, job_id: str, source: object) -> None:
-        """Note that ``source`` (an input record) made changes of the (cached) job that are not written.
+    def hold(self, job_id: str, position: Position) -> None:
+        """Note that the input record at ``position`` made changes of the (cached) job not written yet.
 
-        The agent writes a job's changes at its checkpoints, not per record; a record may be
-        acknowledged only once its changes are written: `take_written` tells which ones are."""
-        self._cached(job_id).holding.append(source)
+        A job's changes are written at its checkpoints, not per record, and a record may be
+        acknowledged only once its changes are written (`holder`)."""
+        self._cached(job_id).holding.append(position)
+        self._holders[position] = job_id
 
-    def take_written(self) -> list[object]:
-        """The sources given to `hold` whose changes are written since the last call."""
-        written, self._written = self._written, []
-        return written
+    def holder(self, position: Position) -> str | None:
+        """The job whose next task row writes changes of the input record at ``position``, if any."""
+        return self._holders.get(position)
+
+    def _release(self, cached: _CachedJob) -> None:
+        for position in cached.holding:
+            self._holders.pop(position, None)
+        cached.holding = []
 
     def write_changes(self, job_id: str) -> int:
         """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
         cached = self._cache.get(job_id)
         if cached is None:
             return 0
-        self._written += cached.holding
-        cached.holding = []
+        self._release(cached)
         if not cached.changed:
             return 0
         state = cached.job.state
@@ -287,29 +285,15 @@ class JobStore:
         job row, and with the job's next task row.
         """
         job = self.job(job_id)
-        plan = self.begin_evaluation(job_id, at)
-        if job is None or plan is None:
-            return []
-        plan.fit()
-        return self.end_evaluation(job, plan)
-
-    def begin_evaluation(self, job_id: str, at: float) -> CheckpointPlan | None:
-        """`evaluate` up to the refit (`OnlineJob.begin_checkpoint`); None if the job is unknown.
-
-        Until `end_evaluation`, nothing may change the job: ``plan.fit()`` may run in another thread."""
-        job = self.job(job_id)
         if job is None or self.meta(job_id) is None:
-            return None
+            return []
         self.write_changes(job_id)  # flags of the previous checkpoint that no task row carries yet
-        return job.begin_checkpoint(at)
-
-    def end_evaluation(self, job: OnlineJob, plan: CheckpointPlan) -> list[Decision]:
-        """`evaluate` after ``plan.fit()``: the decisions, the flags noted, the new model written."""
-        decisions = job.end_checkpoint(plan)
+        version = job.model_version
+        decisions = job.checkpoint(at)
         for d in decisions:
             if d.is_straggler:
                 self.put_task(job, d.task_id)
-        if plan.refit:
+        if job.model_version != version:
             self.models[model_key(job.job_id, job.model_version)] = encode_model(job.method)
         return decisions
 
@@ -365,7 +349,7 @@ class JobStore:
             del self.jobs[job_id.encode()]
         cached = self._cache.pop(job_id, None)
         if cached is not None:
-            self._written += cached.holding  # nothing of the job is left to write
+            self._release(cached)  # nothing of the job is left to write
         self._unacknowledged.discard(job_id)
         return len(keys)
 

@@ -31,15 +31,6 @@ class WorkerSettings:
     pending_grace: float = 30.0
     """How long events of a job wait for its job_event 'started' before they are dead-lettered."""
     datadir: str | None = None
-    refit_thread: bool = False
-    """Run each refit in the worker's refit thread, where other partitions' events go on meanwhile,
-    instead of in the event loop as the offline evaluator does; the decisions are the same either way.
-    Off by default: NURD's fit holds the GIL for most of its time, and the thread cost throughput
-    (docs/performance.md, session 11)."""
-    park_acks: bool = False
-    """Where the handler must wait for the broker (a checkpoint's predictions, a job's last job row),
-    park the job's partition until the worker's next group flush instead of holding up every job.
-    Off by default: it did not raise throughput (docs/performance.md, session 11)."""
     admm_interval: float | None = None
     """Collaborative ADMM in the stream (``--method admm``): seconds between consensus rounds over the
     agent's partitions (`pipeline.admm_online`); None: off, the method comes from ``--model``."""

@@ -12,12 +12,10 @@ from typing import Any
 
 import orjson
 
+from pipeline.commit_order import ACKNOWLEDGE, Acknowledge, InputRecord
 from pipeline.handler import (
-    ACKNOWLEDGE,
-    Acknowledge,
     Action,
     ForwardRecord,
-    InputRecord,
     JobEventHandler,
     SendDeadLetter,
     SendPredictionPart,
@@ -67,7 +65,10 @@ class Worker:
             clock=lambda: self.now,
             wall_clock=lambda: 1.7e9 + self.now,
         )
+        self.commits = self.handler.commits
         self.offset = 0
+        self.given_up: list[InputRecord] = []
+        """Records whose partition was let go while they were handled."""
 
     def record(self, topic: str, job_id: str, value: bytes, partition: int | None = None) -> InputRecord:
         self.offset += 1
@@ -83,7 +84,8 @@ class Worker:
                 perform(action)
             actions.append(action)
 
-        asyncio.run(process(self.handler, record, collect))
+        if not asyncio.run(process(self.handler, record, collect)):
+            self.given_up.append(record)
         return actions
 
     def event(self, event: Any) -> list[Action]:
@@ -396,7 +398,7 @@ def test_the_end_of_an_unknown_job_is_ignored() -> None:
 
 def acked(worker: Worker) -> list[int]:
     """Offsets of the records the handler lets the worker acknowledge now."""
-    return [record.offset for record in worker.handler.take_acks()]
+    return [record.offset for record in worker.commits.acknowledgeable()]
 
 
 def test_a_records_changes_are_written_at_its_jobs_checkpoint_and_it_is_acknowledged_only_then() -> None:
@@ -436,17 +438,17 @@ def test_a_job_without_checkpoints_is_written_once_its_records_are_held_too_long
     for event in [started("a"), started("b"), running("ra", 1.0, "a")]:
         worker.event(event)
     acked(worker)
-    worker.now = worker.handler.hold_seconds
+    worker.now = worker.commits.hold_seconds
     worker.event(running("rb", 2.0, "b"))  # a record on the same partition writes the overdue job
     assert len(worker.tables[0]) == 1 and acked(worker) == [3]
 
-    worker.now = 2 * worker.handler.hold_seconds  # now "b" is overdue, and no record comes
-    ((job_id, record),) = worker.handler.overdue()
+    worker.now = 2 * worker.commits.hold_seconds  # now "b" is overdue, and no record comes
+    ((job_id, record),) = worker.commits.overdue().items()
     assert job_id == "b" and record.offset == 4
-    assert worker.handler.write_held("b")
+    assert worker.commits.write_held("b")
 
     assert len(worker.tables[0]) == 2 and acked(worker) == [4]
-    assert worker.handler.overdue() == []
+    assert worker.commits.overdue() == {}
 
 
 def test_once_the_input_pauses_every_held_job_is_written_without_waiting_out_the_hold() -> None:
@@ -454,14 +456,14 @@ def test_once_the_input_pauses_every_held_job_is_written_without_waiting_out_the
     for event in [started("a"), running("ra", 1.0, "a")]:
         worker.event(event)
     acked(worker)
-    assert worker.handler.idle_seconds < worker.handler.hold_seconds
-    worker.now = worker.handler.idle_seconds / 2  # records may still be coming
-    assert worker.handler.overdue() == []
+    assert worker.commits.idle_seconds < worker.commits.hold_seconds
+    worker.now = worker.commits.idle_seconds / 2  # records may still be coming
+    assert worker.commits.overdue() == {}
 
-    worker.now = worker.handler.idle_seconds  # nothing arrived since: the input paused
-    ((job_id, record),) = worker.handler.overdue()
+    worker.now = worker.commits.idle_seconds  # nothing arrived since: the input paused
+    ((job_id, record),) = worker.commits.overdue().items()
     assert job_id == "a" and record.offset == 2
-    assert worker.handler.write_held("a")
+    assert worker.commits.write_held("a")
     assert acked(worker) == [2]
 
 
@@ -471,9 +473,9 @@ def test_the_timer_writes_no_job_whose_last_job_row_may_not_be_on_the_broker_yet
         worker.event(event)
     assert worker.store.awaiting_acknowledgement("j")
 
-    assert not worker.handler.write_held("j")
-    assert list(worker.handler.flush()) == [ACKNOWLEDGE]
-    assert worker.handler.write_held("j")
+    assert not worker.commits.write_held("j")
+    assert list(worker.commits.flush()) == [ACKNOWLEDGE]
+    assert worker.commits.write_held("j")
 
 
 def test_records_of_a_job_not_started_yet_are_held_until_applied_or_dead_lettered() -> None:
@@ -509,7 +511,7 @@ def test_records_let_go_at_a_rebalance_are_never_acknowledged() -> None:
 
     assert let_go == [2, 3, 4, 5, 6]
     assert acked(worker) == []
-    assert [record.offset for record in worker.handler.take_dropped()] == [7]
+    assert [record.offset for record in worker.given_up] == [7]
 
 
 def test_records_read_again_after_a_kill_decide_as_an_uninterrupted_worker() -> None:
@@ -522,7 +524,7 @@ def test_records_read_again_after_a_kill_decide_as_an_uninterrupted_worker() -> 
     uninterrupted = Worker()
     for event in history:
         uninterrupted.event(event)
-    committed = [r.offset for r in uninterrupted.handler.take_acks()]
+    committed = [r.offset for r in uninterrupted.commits.acknowledgeable()]
     assert committed == list(range(1, 8)), "only what the checkpoint wrote may be committed"
     tasks, jobs, models = uninterrupted.tables
 
@@ -537,3 +539,24 @@ def test_records_read_again_after_a_kill_decide_as_an_uninterrupted_worker() -> 
         (p.task_id, p.is_straggler, p.adjusted_latency) for p in expected[0][0]
     ]
     assert got[0][1].model_version == expected[0][1].model_version
+
+
+def test_inputs_applied_at_their_jobs_start_are_acknowledged_only_once_their_changes_are_written() -> None:
+    """The inputs that waited for the job's start are applied in order; while a checkpoint among them
+    waits for the broker, the ones after it (not applied yet) are not acknowledged."""
+    worker = Worker()
+    for event in [*some_finished(), running("r1", 10.0), boundary(10.0), running("r2", 12.0)]:
+        worker.event(event)  # offsets 1 to 7, all waiting for the start
+    during_flushes: list[int] = []
+
+    def flush(action: Action) -> None:
+        if isinstance(action, Acknowledge):
+            during_flushes.extend(acked(worker))
+
+    worker.send(worker.record(JOB_EVENTS, "j", encode(started())), flush)
+
+    # 1-5 once the checkpoint wrote them, the boundary (6) once its job row is written; r2 (7) not
+    # while it waits to be applied (behind the flush for that job row), nor after: it waits for the
+    # job's next task row
+    assert during_flushes == [1, 2, 3, 4, 5, 6]
+    assert acked(worker) == [8]

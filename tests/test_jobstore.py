@@ -7,20 +7,15 @@ standing in for the three tables.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from pipeline import durability
-from pipeline.commits import give_up, let_go_before_waiting, writes_routed_to
-from pipeline.durability import complete_flush
 from pipeline.jobstore import JobStore, model_key, new_online_job
 from pipeline.model_codec import decode_model
 from straggler.core.jobtrace import JobTrace
@@ -190,81 +185,6 @@ def test_a_crafted_model_row_is_refused_and_the_job_refitted(
     assert refitted.regressor_ is not None  # type: ignore[attr-defined]
 
 
-class SlowBuffer:
-    """Faust's buffer as a long NURD fit leaves it: flush rounds that time out before any progress."""
-
-    def __init__(self, size: int, stalls_per_message: int) -> None:
-        self.size = size
-        self.stalls = stalls_per_message
-        self.calls = 0
-
-    async def flush_atmost(self, max_messages: int | None) -> int:
-        self.calls += 1
-        if self.calls % (self.stalls + 1):
-            return 0  # 0.1 s passed and no message left the buffer
-        self.size -= 1
-        return 1
-
-
-def test_the_complete_flush_waits_until_the_buffer_is_empty() -> None:
-    buffer = SlowBuffer(size=5, stalls_per_message=3)
-    asyncio.run(complete_flush(buffer)())
-    assert buffer.size == 0 and buffer.calls == 20
-
-
-def test_a_stalled_buffer_fails_the_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(durability, "STALL_LIMIT_S", 0.5)
-    buffer = SlowBuffer(size=1, stalls_per_message=10**9)
-    with pytest.raises(RuntimeError, match="stalled"):
-        asyncio.run(complete_flush(buffer)())
-    assert buffer.size == 1 and buffer.calls == 5
-
-
-def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
-    from pipeline.app import create_app
-    from pipeline.settings import WorkerSettings
-
-    app = create_app(WorkerSettings(bootstrap="127.0.0.1:9"))  # nothing is contacted
-    assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
-
-
-def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> None:
-    """Faust's ``wait_empty`` (rebalance, stop) waits until every delivered record is acknowledged;
-    records held for their job's checkpoint are first given up: done for Faust, never committed."""
-    held = SimpleNamespace(message=SimpleNamespace(acked=False))
-    seen: list[str] = []
-
-    class Consumer:
-        async def wait_empty(self) -> None:
-            seen.append(f"wait_empty, held record done: {held.message.acked}")
-
-    def let_go() -> None:
-        seen.append("let go")
-        give_up(held)  # type: ignore[arg-type]
-
-    consumer = Consumer()
-    let_go_before_waiting(consumer, let_go)
-    asyncio.run(consumer.wait_empty())
-
-    assert seen == ["let go", "wait_empty, held record done: True"]
-
-
-def test_the_timers_table_writes_go_to_the_partition_of_the_event_they_are_routed_to() -> None:
-    from pipeline.app import create_app
-    from pipeline.settings import WorkerSettings
-
-    class Event:
-        message = SimpleNamespace(partition=5, topic="task-checkpoints")
-
-    table = create_app(WorkerSettings(bootstrap="127.0.0.1:9")).tables["tasks"]  # nothing is contacted
-    with pytest.raises(TypeError, match="outside of stream"):
-        table.partition_for_key(b"k")
-    with writes_routed_to(Event()):  # type: ignore[arg-type]
-        assert table.partition_for_key(b"k") == 5
-    with pytest.raises(TypeError, match="outside of stream"):
-        table.partition_for_key(b"k")
-
-
 def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, Tables, JobStore, float, set[str]]:
     """Run the job until a checkpoint flags some tasks; return the tables before that checkpoint's
     evaluation, the tables, the store, its time and its flags (evaluated, not yet committed)."""
@@ -336,16 +256,14 @@ def test_held_records_are_released_only_by_their_jobs_task_row() -> None:
         assert job is not None
         job.state.observe_running("t", np.array([1.0]), 0.0, 1.0, 0)
         store.put_task(job, "t")
-        store.hold(job_id, f"record of {job_id}")
+        store.hold(job_id, ("in", 0, ord(job_id)))
     store.write_changes("b")
-    assert store.take_written() == ["record of b"]
-    assert store.take_written() == []
+    assert store.holder(("in", 0, ord("b"))) is None and store.holder(("in", 0, ord("a"))) == "a"
     store.evaluate("a", 2.0)
-    assert store.take_written() == ["record of a"] and len(tables[0]) == 2
-    store.hold("a", "late record")
+    assert store.holder(("in", 0, ord("a"))) is None and len(tables[0]) == 2
+    store.hold("a", ("in", 0, 1))
     store.drop("a")
-    assert store.take_written() == ["late record"]
-    store.hold("b", "lost record")
+    assert store.holder(("in", 0, 1)) is None
+    store.hold("b", ("in", 0, 2))
     store.forget_cache()
-    store.write_changes("b")
-    assert store.take_written() == []
+    assert store.holder(("in", 0, 2)) is None

@@ -59,10 +59,6 @@ def pipeline(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
         "2",
         "--pending-grace",
         str(PENDING_GRACE_S),
-        # The opt-in modes (refits in a thread, partitions parked until a group flush) run here, so the
-        # stream-equals-offline tests cover them; the fault scenarios and the demo run the default.
-        "--refit-thread",
-        "--park-acks",
     ]
     mitigator = ["mitigate", *common, "--policy", "unlimited", "--group", group, "--checkpoint-seconds", "60"]
     with child_process(worker, logs / "worker.log"), child_process(mitigator, logs / "mitigator.log"):

@@ -72,7 +72,7 @@ def test_the_mitigation_fold_reads_a_job_event_once_where_the_worker_puts_it() -
         state.process(encode(forwarded), topic, home, offset, key)
     assert state.active_jobs == {job_id}
     job = state._jobs[job_id]
-    assert job.watermark == 120.0 and [f[1] for f in job.finishes] == ["t0"]
+    assert job.watermark == 120.0 and [end.task_id for end in job.finishes] == ["t0"]
     # without a partition count (the fold's tests, single partitions) every record is folded
     unchecked = MitigationState("unlimited", 60.0)
     unchecked.process(encode(finished), "tc", foreign, 0, None)

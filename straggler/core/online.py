@@ -10,7 +10,7 @@ flagged task is not evaluated again. Details: docs/module-notes.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,15 +90,24 @@ class OnlineJob:
 
     def checkpoint(self, at: float) -> list[Decision]:
         """Evaluate the job at checkpoint time ``at``; returns one decision per evaluated task."""
-        plan = self.begin_checkpoint(at)
-        plan.fit()
-        return self.end_checkpoint(plan)
+        prepared = self._checkpoint_data(at)
+        if prepared is None:
+            return []
+        data, attempts = prepared
+        if not self.calibrated:
+            self.method.calibrate(data)
+            self.calibrated = True
+        if self.model_version == 0 or data.n_finished >= self.fitted_on * (1.0 + self.refit_growth):
+            self.method.fit(data)
+            self.model_version += 1
+            self.fitted_on = data.n_finished
+        return self._decide(data, attempts)
 
-    def begin_checkpoint(self, at: float) -> CheckpointPlan:
-        """The first step of `checkpoint`: the checkpoint's data (the method calibrated on it once),
-        and whether the method is refitted on it (`CheckpointPlan.fit`)."""
+    def _checkpoint_data(self, at: float) -> tuple[CheckpointData, list[int]] | None:
+        """The checkpoint's data and the attempt of each task it evaluates; None if there is nothing
+        to evaluate (the job is not ready, no task is running, no threshold yet)."""
         if not self.ready():
-            return CheckpointPlan(self.method, at)
+            return None
         finished = self.state.finished_view()
         running = self.state.running_view(at)
         keep = ~running.flagged
@@ -107,7 +116,7 @@ class OnlineJob:
         elapsed = running.elapsed[keep]
         threshold = self.threshold_at(finished.latency, at, running.elapsed)
         if not ids or not math.isfinite(threshold):
-            return CheckpointPlan(self.method, at)
+            return None
         flagged_running = sorted(  # by task id (unique)
             (t, start)
             for t, start, flagged in zip(running.ids, running.start.tolist(), is_flagged, strict=True)
@@ -128,25 +137,13 @@ class OnlineJob:
             flagged_ids=tuple(t for t, _ in flagged_running),
             flagged_start=np.array([start for _, start in flagged_running], dtype=np.float64),
         )
-        if not self.calibrated:
-            self.method.calibrate(data)
-            self.calibrated = True
-        n_finished = len(finished.latency)
-        refit = self.model_version == 0 or n_finished >= self.fitted_on * (1.0 + self.refit_growth)
         attempts = [a for a, flagged in zip(running.attempt, is_flagged, strict=True) if not flagged]
-        return CheckpointPlan(self.method, at, data, refit, attempts)
+        return data, attempts
 
-    def end_checkpoint(self, plan: CheckpointPlan) -> list[Decision]:
-        """The last step of `checkpoint`, after ``plan.fit()``: predict, floor, flag."""
-        data = plan.data
-        if data is None:
-            return []
-        if plan.refit:
-            if not plan.fitted:
-                raise RuntimeError(f"job {self.job_id!r}: checkpoint {plan.at} ended before its refit")
-            self.model_version += 1
-            self.fitted_on = data.n_finished
-        at, elapsed, threshold = plan.at, data.elapsed_running, data.threshold
+    def _decide(self, data: CheckpointData, attempts: list[int]) -> list[Decision]:
+        """Predict with the (refitted) method, floor at the elapsed time, flag."""
+        assert data.at is not None
+        at, elapsed, threshold = data.at, data.elapsed_running, data.threshold
         scores = self.method.predict(data)
         if self.method.predicts_latency:
             adjusted = np.maximum(scores.adjusted, elapsed)
@@ -168,7 +165,7 @@ class OnlineJob:
             scores.propensity.tolist(),
             scores.weight.tolist(),
             probability.tolist(),
-            plan.attempts,
+            attempts,
             strict=True,
         ):
             if flagged:
@@ -191,26 +188,3 @@ class OnlineJob:
                 )
             )
         return decisions
-
-
-@dataclass
-class CheckpointPlan:
-    """A checkpoint between `OnlineJob.begin_checkpoint` and `OnlineJob.end_checkpoint`.
-
-    `fit` refits the method if the checkpoint is due one; it touches nothing but the job's method
-    and this checkpoint's data, so it may run in another thread while the job is left alone."""
-
-    method: StragglerMethod
-    at: float
-    data: CheckpointData | None = None
-    """None: nothing to evaluate (the job is not ready, no task is running, no threshold yet)."""
-    refit: bool = False
-    attempts: list[int] = field(default_factory=list)
-    """The attempt of each task of ``data.running_ids``."""
-    fitted: bool = False
-
-    def fit(self) -> None:
-        """Refit the method on the checkpoint's data, if due."""
-        if self.refit and self.data is not None:
-            self.method.fit(self.data)
-            self.fitted = True

@@ -1,0 +1,106 @@
+"""The worker's Faust App as configured (broker, credentials, acknowledgements, commits, recovery),
+its tables' changelog topics, and the method each job gets.
+
+Apart from `pipeline.app`, which adds the worker's topics, tables, agent and timers, so that a
+benchmark (bench/faust_floor.py) can build the same App with an agent of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import faust
+
+from pipeline.faust_patches import drain_fully, keep_queued_records
+from pipeline.settings import WorkerSettings, app_id
+from straggler.core.method import StragglerMethod
+from straggler.core.registry import load_trained_method, make_method
+from straggler.kafka.security import current_security, faust_credentials
+
+
+def method_factory(settings: WorkerSettings) -> Callable[[], StragglerMethod]:
+    """A fresh method per job: from the registry, or a copy of the trained cross-job model."""
+    if make_method(settings.method, settings.seed).uses_future_information:
+        raise ValueError(f"{settings.method} is told the future (an evaluation control): no worker runs it")
+    if settings.admm_interval is not None:
+        if settings.method != "admm":
+            raise ValueError(f"--admm-interval is for --method admm, not {settings.method}")
+        if settings.model_path is not None:
+            raise ValueError("--admm-interval learns the model in the stream: leave out --model")
+        return lambda: make_method(settings.method, settings.seed)  # weights: the live consensus
+    if settings.model_path is None:
+        if make_method(settings.method, settings.seed).learns_across_jobs:
+            raise ValueError(
+                f"{settings.method} learns across jobs: train it (`straggler train`), pass --model"
+            )
+        return lambda: make_method(settings.method, settings.seed)
+    trained = load_trained_method(Path(settings.model_path), settings.method)
+    return lambda: copy.deepcopy(trained)
+
+
+TABLE_HELP = {
+    "tasks": "one row per task: latest state of each task",
+    "jobs": "one row per job: protocol state and model version",
+    "models": "each job's fitted method, at every refit",
+}
+TABLES = tuple(TABLE_HELP)
+SESSION_TIMEOUT_S = 10.0
+"""How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
+
+
+def changelog_topics(settings: WorkerSettings) -> list[str]:
+    """The tables' changelog topics, named as Faust names them."""
+    return [f"{app_id(settings)}-{table}-changelog" for table in TABLES]
+
+
+def create_changelog_topics(settings: WorkerSettings) -> list[str]:
+    """Create the changelogs (compacted, co-partitioned with the inputs) before Faust starts.
+
+    Faust declares them itself at start-up, but a first table write can race its metadata refresh
+    and fail with a partition mismatch; declaring them up front, like every other topic, avoids it.
+    """
+    from confluent_kafka.admin import NewTopic
+
+    from straggler.kafka.topics import create_missing_topics
+
+    topics = [
+        NewTopic(
+            name,
+            num_partitions=settings.partitions,
+            replication_factor=1,
+            config={"cleanup.policy": "compact"},
+        )
+        for name in changelog_topics(settings)
+    ]
+    return create_missing_topics(settings.bootstrap, topics)
+
+
+def faust_app(settings: WorkerSettings) -> faust.App:
+    """An App configured as the worker's (broker, credentials, acknowledgements, commits, recovery),
+    with no topic, table or agent yet: `create_app` adds the worker's, bench/faust_floor.py its own."""
+    app = faust.App(
+        app_id(settings),
+        broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=faust_credentials(current_security()),  # TLS/SASL, as every other client
+        store="memory://",
+        topic_partitions=settings.partitions,
+        topic_disable_leader=True,
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=False,
+        producer_acks=-1,
+        broker_commit_interval=1.0,
+        broker_session_timeout=SESSION_TIMEOUT_S,
+        # No standby replicas: the memory store drops the rows of every partition that is not active
+        # at the end of a recovery, while Faust's recovery remembers how far it read that partition as
+        # a standby; a worker taking the partition over then skips the changelog and misses its jobs.
+        # Without standbys it reads the whole changelog partition when it takes one over.
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        datadir=settings.datadir,
+    )
+    drain_fully(app.producer)  # every commit waits for all buffered rows (`pipeline.faust_patches`)
+    keep_queued_records(app.flow_control)  # recovery's second resume must not drop fetched records
+    return app

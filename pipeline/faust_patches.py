@@ -1,0 +1,117 @@
+"""Every place the worker reaches into Faust (or mode, which Faust is built on), and why.
+
+Faust has no public API for these; each patch is one function here, and tests/test_faust_patches.py
+fails if the Faust or mode internal it relies on changes.
+
+1. `give_up`, `let_go_before_waiting`: the agent acknowledges records by hand, once their changes
+   are written (`pipeline.commit_order`). Before a rebalance or a stop Faust waits until every record
+   it delivered is acknowledged (``Consumer.wait_empty``); records waiting for their job's checkpoint
+   never would be. They are given up first: marked done (``Message.acked``) without an
+   acknowledgement, so their offsets are not committed and the partition's next owner reads them.
+2. `writes_routed_to`: a table write goes to the changelog partition of the event being handled
+   (``faust.streams._current_event``); the worker's timer writes a job's changes within one of the
+   job's own records.
+3. `drain_fully`: before committing offsets Faust flushes its producer, but ``ProducerBuffer.flush``
+   returns once 0.1 s pass without a message leaving the buffer. A NURD fit holding the event loop for
+   longer makes it return with rows still buffered, and the offsets of the records that wrote them
+   are committed anyway: after a kill those rows are lost. The flush is made to wait until empty.
+4. `keep_queued_records`: mode's ``FlowControlEvent.resume`` empties every queue it manages; right
+   after a rebalance, wrong when Faust calls it again at the end of a recovery, because the cleared
+   records are then neither delivered again nor acknowledged (docs/reliability.md, fix 10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+from weakref import ref
+
+import faust
+from faust import streams
+
+
+def give_up(event: faust.EventT) -> None:
+    """Mark ``event`` done for Faust without acknowledging it: it is not committed, nor waited for."""
+    event.message.acked = True
+
+
+def let_go_before_waiting(consumer: Any, let_go: Callable[[], None]) -> None:
+    """Make the consumer's ``wait_empty`` (a rebalance's or a stop's) call ``let_go`` first."""
+    wait_empty: Callable[[], Coroutine[Any, Any, None]] = consumer.wait_empty
+
+    async def let_go_then_wait_empty() -> None:
+        let_go()
+        await wait_empty()
+
+    consumer.wait_empty = let_go_then_wait_empty
+
+
+@contextmanager
+def writes_routed_to(event: faust.EventT) -> Iterator[None]:
+    """Table writes within go to ``event``'s partition, as if the stream were handling it."""
+    token = streams._current_event.set(ref(event))
+    try:
+        yield
+    finally:
+        streams._current_event.reset(token)
+
+
+STALL_LIMIT_S = 60.0
+"""A buffer that does not move for this long is broken: fail the flush (and the commit) loudly."""
+STEP_S = 0.1
+"""How long `ProducerBuffer.flush_atmost` waits for one message before it gives up."""
+
+
+class DrainableBuffer(Protocol):
+    """What `drain_fully` needs of Faust's `ProducerBuffer`."""
+
+    @property
+    def size(self) -> int: ...
+
+    async def flush_atmost(self, max_messages: int | None) -> int: ...
+
+
+def complete_flush(buffer: DrainableBuffer) -> Callable[[], Coroutine[Any, Any, None]]:
+    """A ``flush`` for ``buffer`` that returns only when it is empty (or raises once it stalls)."""
+
+    async def flush() -> None:
+        idle = 0.0
+        while buffer.size:
+            if await buffer.flush_atmost(None):
+                idle = 0.0
+            else:
+                idle += STEP_S
+                if idle >= STALL_LIMIT_S:
+                    raise RuntimeError(f"producer buffer stalled with {buffer.size} messages for {idle:.0f}s")
+
+    return flush
+
+
+def drain_fully(producer: Any) -> None:
+    """Replace the Faust producer's buffer flush, which every commit awaits, by `complete_flush`."""
+    producer.buffer.flush = complete_flush(producer.buffer)
+
+
+async def acknowledged(producer: Any) -> None:
+    """Return once everything sent so far, on every topic, is acknowledged by the broker (public API)."""
+    await producer.flush()
+
+
+class FlowControl(Protocol):
+    """What `keep_queued_records` needs of mode's `FlowControlEvent`."""
+
+    def is_active(self) -> bool: ...
+
+    def resume(self) -> None: ...
+
+
+def keep_queued_records(flow_control: FlowControl) -> None:
+    """Make ``flow_control.resume()`` a no-op while the flow is active (it would clear the queues)."""
+    resume = flow_control.resume
+
+    def resume_if_suspended() -> None:
+        if not flow_control.is_active():
+            resume()
+
+    flow_control.resume = resume_if_suspended  # type: ignore[method-assign]

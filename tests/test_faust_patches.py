@@ -1,0 +1,164 @@
+"""The patches of Faust and mode internals (`pipeline.faust_patches`), each held to what it relies on.
+
+Each test fails if the internal a patch relies on changes: then the patch may do nothing, or harm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from types import SimpleNamespace
+
+import faust
+import pytest
+from faust import streams
+from faust.transport.consumer import Consumer
+from faust.transport.producer import ProducerBuffer
+from mode.utils.queues import FlowControlEvent, FlowControlQueue
+
+from pipeline import faust_patches
+from pipeline.faust_patches import (
+    complete_flush,
+    give_up,
+    keep_queued_records,
+    let_go_before_waiting,
+    writes_routed_to,
+)
+
+
+def test_the_faust_internals_the_patches_use_are_there() -> None:
+    """Faust 0.15's names and shapes: ``Message.acked``, ``Consumer.wait_empty``, the stream's
+    current-event context variable, ``ProducerBuffer.flush``/``flush_atmost``/``size``."""
+    assert "acked" in faust.types.tuples.Message.__slots__
+    assert inspect.iscoroutinefunction(Consumer.wait_empty)
+    assert streams._current_event.get(None) is None
+    assert inspect.iscoroutinefunction(ProducerBuffer.flush)
+    assert list(inspect.signature(ProducerBuffer.flush_atmost).parameters) == ["self", "max_messages"]
+    assert inspect.getsource(ProducerBuffer.flush).count("flush_atmost") == 1, "flush no longer times out"
+
+
+class _Delivered:
+    """A delivered message, as Faust's consumer tracks it until it is acknowledged."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.acked = False
+
+
+def test_faust_stops_waiting_for_a_record_given_up_without_acknowledging_it() -> None:
+    """``wait_empty`` waits while ``_unacked_messages`` is not empty and drops from it every message
+    whose ``acked`` is set (`give_up` sets it, and no offset is committed for it)."""
+    held, done = _Delivered(1), _Delivered(2)
+    consumer = SimpleNamespace(_unacked_messages={held, done})
+    done.acked = True
+    give_up(SimpleNamespace(message=held))  # type: ignore[arg-type]
+    Consumer._clean_unacked_messages(consumer)  # type: ignore[arg-type]
+    assert consumer._unacked_messages == set()
+    assert "_clean_unacked_messages" in inspect.getsource(Consumer.wait_empty)
+
+
+class SlowBuffer:
+    """Faust's buffer as a long NURD fit leaves it: flush rounds that time out before any progress."""
+
+    def __init__(self, size: int, stalls_per_message: int) -> None:
+        self.size = size
+        self.stalls = stalls_per_message
+        self.calls = 0
+
+    async def flush_atmost(self, max_messages: int | None) -> int:
+        self.calls += 1
+        if self.calls % (self.stalls + 1):
+            return 0  # 0.1 s passed and no message left the buffer
+        self.size -= 1
+        return 1
+
+
+def test_the_complete_flush_waits_until_the_buffer_is_empty() -> None:
+    buffer = SlowBuffer(size=5, stalls_per_message=3)
+    asyncio.run(complete_flush(buffer)())
+    assert buffer.size == 0 and buffer.calls == 20
+
+
+def test_a_stalled_buffer_fails_the_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(faust_patches, "STALL_LIMIT_S", 0.5)
+    buffer = SlowBuffer(size=1, stalls_per_message=10**9)
+    with pytest.raises(RuntimeError, match="stalled"):
+        asyncio.run(complete_flush(buffer)())
+    assert buffer.size == 1 and buffer.calls == 5
+
+
+def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
+    from pipeline.app import create_app
+    from pipeline.settings import WorkerSettings
+
+    app = create_app(WorkerSettings(bootstrap="127.0.0.1:9"))  # nothing is contacted
+    assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
+
+
+def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> None:
+    """Faust's ``wait_empty`` (rebalance, stop) waits until every delivered record is acknowledged;
+    records held for their job's checkpoint are first given up: done for Faust, never committed."""
+    held = SimpleNamespace(message=SimpleNamespace(acked=False))
+    seen: list[str] = []
+
+    class Consumer:
+        async def wait_empty(self) -> None:
+            seen.append(f"wait_empty, held record done: {held.message.acked}")
+
+    def let_go() -> None:
+        seen.append("let go")
+        give_up(held)  # type: ignore[arg-type]
+
+    consumer = Consumer()
+    let_go_before_waiting(consumer, let_go)
+    asyncio.run(consumer.wait_empty())
+
+    assert seen == ["let go", "wait_empty, held record done: True"]
+
+
+def test_the_timers_table_writes_go_to_the_partition_of_the_event_they_are_routed_to() -> None:
+    from pipeline.app import create_app
+    from pipeline.settings import WorkerSettings
+
+    class Event:
+        message = SimpleNamespace(partition=5, topic="task-checkpoints")
+
+    table = create_app(WorkerSettings(bootstrap="127.0.0.1:9")).tables["tasks"]  # nothing is contacted
+    with pytest.raises(TypeError, match="outside of stream"):
+        table.partition_for_key(b"k")
+    with writes_routed_to(Event()):  # type: ignore[arg-type]
+        assert table.partition_for_key(b"k") == 5
+    with pytest.raises(TypeError, match="outside of stream"):
+        table.partition_for_key(b"k")
+
+
+def _running_flow(guarded: bool) -> tuple[FlowControlEvent, FlowControlQueue[str]]:
+    flow = FlowControlEvent(initially_suspended=True)
+    queue: FlowControlQueue[str] = FlowControlQueue(flow_control=flow, clear_on_resume=True)
+    if guarded:
+        keep_queued_records(flow)
+    flow.resume()  # recovery starts the flow to read the changelogs
+    queue.put_nowait("offset 551")  # the fetcher queues a stream record for the agent
+    return flow, queue
+
+
+def test_unguarded_a_second_resume_drops_the_queued_records() -> None:
+    flow, queue = _running_flow(guarded=False)
+    flow.resume()  # Faust's resume at the end of the recovery
+    assert queue.empty(), "mode no longer clears on resume: pipeline.faust_patches may be unnecessary"
+
+
+def test_guarded_a_second_resume_keeps_the_queued_records() -> None:
+    flow, queue = _running_flow(guarded=True)
+    flow.resume()
+    assert flow.is_active()
+    assert queue.get_nowait() == "offset 551"
+
+
+def test_guarded_a_resume_after_a_suspension_still_clears_stale_records() -> None:
+    flow, queue = _running_flow(guarded=True)
+    flow.suspend()  # a rebalance: what was queued may belong to partitions that moved
+    assert not flow.is_active()
+    flow.resume()
+    assert flow.is_active()
+    assert queue.empty()
