@@ -1,10 +1,14 @@
 """The cost-aware speculation rule: start a copy of a task when the job's expected completion-time
 saving is worth the expected extra machine time, first finisher wins, the loser is killed.
 
-Remaining times come from the job's survival curve (`straggler.core.survival`; a flag is a lower
-bound); the rule copies the prefix of candidates (ordered by the time a copy saves the task) that
-maximises ``saving / J - machine_price * extra / W``, under a per-job ``budget`` and optional
-``machines``. `MantriDuplicate` applies Mantri's duplicate test to the same estimates.
+Each running task's remaining time comes from the job's survival curve (`straggler.core.survival`)
+conditioned on what the predictor said at its last verdict: its straggle probability weighs the
+curve's part past the threshold against the part below it, so a confident early prediction buys a
+copy at once. A task that outruns the job's normal runs grows ever more likely stuck (it never ends
+by itself), so its expected remaining time grows with its elapsed time. The rule copies the prefix of
+candidates (ordered by the time a copy saves the task) that maximises ``saving / J - machine_price *
+extra / W``, under a per-job ``budget`` and optional ``machines``; Spark's rule (`SparkRule`) is its
+floor. `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's duplicate test on the same estimates.
 
 The rule's derivation: docs/module-notes.md.
 """

@@ -3,8 +3,10 @@
 `kaplan_meier` is the plain estimator. `LatencySurvival` wraps it for decisions: it evaluates S(x) at
 any latency, extends the curve past the last finished latency with an exponential tail (Kaplan-Meier
 says nothing there, yet a task that has outrun every finished one needs a remaining-time estimate),
-and gives the distribution of a running task's remaining time, optionally with a lower bound on its
-latency from a predictor (a flag says "latency >= threshold").
+and gives the distribution of a running task's remaining time. Two things refine that distribution:
+a predictor's probability that the latency reaches a threshold (a mixture of the curve past it and
+below it), and a prior share of stuck attempts that never end by themselves: the exponential tail
+alone is memoryless, so a hung task would look "about to finish" at every checkpoint.
 """
 
 from __future__ import annotations
