@@ -15,15 +15,28 @@ import uuid
 import warnings
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from straggler.kafka.embedded import embedded_kafka
 
+if TYPE_CHECKING:
+    from testcontainers.community.kafka import KafkaContainer
+
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 # testcontainers-python's KafkaContainer drives Confluent's image scripts (it cannot start the
 # apache/kafka image); Confluent Platform 7.9 ships Apache Kafka 3.9, the version embedded here.
 CONTAINER_IMAGE = "confluentinc/cp-kafka:7.9.0"
+ONE_NODE_BROKER_ENV = {
+    "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+    "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+    "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+}
+"""What the embedded broker and compose's broker also run with, and KafkaContainer sets none of
+(Confluent's image renders only what the environment says): without the first two the broker asks
+for ``__transaction_state`` with replication factor 3 and the exactly-once mitigation hangs; with
+auto-creation on, a missing topic is created by the first request that names it."""
 
 
 NO_TORCH = "PyTorch not installed (the start extra): pip install -e '.[start]', then pytest -m torch"
@@ -57,6 +70,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Genera
     return result
 
 
+def kafka_container() -> KafkaContainer:
+    """The testcontainers broker (KRaft), not started: the one-node settings above, and its client
+    port published on the loopback interface only (docker-py takes ``(host_ip,)`` for "any free port
+    there"; testcontainers' own typing only knows port numbers)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from testcontainers.kafka import KafkaContainer
+
+    container = KafkaContainer(CONTAINER_IMAGE).with_kraft()
+    for name, value in ONE_NODE_BROKER_ENV.items():
+        container.with_env(name, value)
+    container.ports[str(container.port)] = ("127.0.0.1",)  # type: ignore[assignment]
+    return container
+
+
 def _docker_answers() -> bool:
     try:
         import docker
@@ -79,11 +107,7 @@ def kafka_bootstrap() -> Iterator[str]:
         yield from_env
         return
     if _docker_answers():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer(CONTAINER_IMAGE).with_kraft() as container:
+        with kafka_container() as container:  # stopped and removed on leaving
             yield container.get_bootstrap_server()
         return
     with embedded_kafka() as bootstrap:
