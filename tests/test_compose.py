@@ -278,3 +278,15 @@ def test_docker_compose_config_validates_the_stack(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert refused.returncode != 0 and "depends_onn" in refused.stderr + refused.stdout
+
+
+def test_monitoring_is_a_profile_and_a_plain_up_runs_the_replay() -> None:
+    """`docker compose up` starts what the replay needs (and can run where Prometheus' and Grafana's
+    images cannot be had); `--profile monitoring` adds both."""
+    profiled = {name: service["profiles"] for name, service in SERVICES.items() if "profiles" in service}
+    assert profiled == {"prometheus": ["monitoring"], "grafana": ["monitoring"]}
+    plain = set(SERVICES) - set(profiled)
+    for name in plain:
+        depends = SERVICES[name].get("depends_on", [])
+        assert not set(depends) & set(profiled), f"{name} needs a monitoring service"
+    assert {"kafka", "topics", "worker", "mitigator", "replayer"} <= plain
