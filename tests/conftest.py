@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import uuid
-import warnings
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING
@@ -70,18 +69,31 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Genera
     return result
 
 
-def kafka_container() -> KafkaContainer:
-    """The testcontainers broker (KRaft), not started: the one-node settings above, and its client
-    port published on the loopback interface only (docker-py takes ``(host_ip,)`` for "any free port
-    there"; testcontainers' own typing only knows port numbers)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from testcontainers.kafka import KafkaContainer
+def _engine_is_local() -> bool:
+    """The Docker engine is this machine's (its Unix socket), so a port it publishes on 127.0.0.1 is
+    this machine's loopback interface."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return host == "" or host.startswith("unix://")
 
-    container = KafkaContainer(CONTAINER_IMAGE).with_kraft()
+
+def kafka_container() -> KafkaContainer:
+    """The testcontainers broker (KRaft), not started, with the one-node settings above. On a local
+    engine its client port is published on 127.0.0.1 only and advertised there (testcontainers would
+    pick the bridge's gateway where it believes it runs inside a container, e.g. a ``/.dockerenv``
+    exists; docker-py takes ``(host_ip,)`` for "any free port there", testcontainers' typing only
+    port numbers)."""
+    from testcontainers.community.kafka import KafkaContainer
+
+    class LoopbackKafkaContainer(KafkaContainer):
+        def get_container_host_ip(self) -> str:
+            return "127.0.0.1"
+
+    local = _engine_is_local()
+    container = (LoopbackKafkaContainer if local else KafkaContainer)(CONTAINER_IMAGE).with_kraft()
     for name, value in ONE_NODE_BROKER_ENV.items():
         container.with_env(name, value)
-    container.ports[str(container.port)] = ("127.0.0.1",)  # type: ignore[assignment]
+    if local:
+        container.ports[str(container.port)] = ("127.0.0.1",)  # type: ignore[assignment]
     return container
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import CONTAINER_IMAGE, kafka_container
 
@@ -25,12 +26,15 @@ def _env_name(key: str) -> str:
     return "KAFKA_" + key.upper().replace(".", "_")
 
 
-def test_the_testcontainers_broker_runs_the_one_node_settings() -> None:
+def test_the_testcontainers_broker_runs_the_one_node_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DOCKER_HOST", raising=False)  # the local engine
     container = kafka_container()
     assert container.image == CONTAINER_IMAGE
     for key, value in ONE_NODE.items():
         assert container.env.get(_env_name(key)) == value, f"the container does not set {key}={value}"
-    assert container.ports[str(container.port)] == ("127.0.0.1",)  # published on loopback only
+    # published on the loopback interface only, and advertised there
+    assert container.ports[str(container.port)] == ("127.0.0.1",)
+    assert container.get_container_host_ip() == "127.0.0.1"
 
 
 def test_the_embedded_and_compose_brokers_run_the_same_settings(tmp_path: Path) -> None:
