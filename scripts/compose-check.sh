@@ -37,7 +37,8 @@ trap stop_all EXIT
 bash scripts/build-local-images.sh
 
 # 3. A Compose.
-read -r -a found <<<"$(bash scripts/get-compose.sh)"
+words=$(bash scripts/get-compose.sh)  # fails the script when no Compose can be had
+read -r -a found <<<"$words"
 if [ "${found[-1]}" = legacy ]; then
     sed '/^name:/d' compose.yaml >"$scratch/compose.yaml"
     compose=("${found[@]:0:${#found[@]}-1}" -p "$PROJECT" -f "$scratch/compose.yaml" --project-directory .)
