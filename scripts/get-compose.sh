@@ -26,12 +26,11 @@ go=$(command -v go || true)
 [ -n "$go" ] || { [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go; }
 if [ -n "$go" ]; then
     echo "building Docker Compose $COMPOSE_VERSION with $($go version) (once; cached in $cache)" >&2
-    mkdir -p "$cache"
     # `go install module@version` refuses modules whose go.mod has replace directives (compose's
     # has), so fetch the module's source from the proxy and build inside it, honouring its go.mod.
-    src=$(GOFLAGS=-mod=mod "$go" mod download -json "github.com/docker/compose/v2@$COMPOSE_VERSION" |
-        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
-    if [ -n "$src" ] && (cd "$src" && CGO_ENABLED=0 nice "$go" build -trimpath \
+    src=$("$go" mod download -json "github.com/docker/compose/v2@$COMPOSE_VERSION" |
+        sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || src=""
+    if [ -n "$src" ] && mkdir -p "$cache" && (cd "$src" && CGO_ENABLED=0 nice "$go" build -trimpath \
             -ldflags "-s -w -X github.com/docker/compose/v2/internal.Version=$COMPOSE_VERSION" \
             -o "$binary.tmp" ./cmd) >&2; then
         mv "$binary.tmp" "$binary"
