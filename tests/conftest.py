@@ -97,6 +97,15 @@ def kafka_container() -> KafkaContainer:
     return container
 
 
+@pytest.fixture
+def without_docker_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lets a test build (not start) a testcontainers container where no Docker engine answers: its
+    client is replaced by nothing (testcontainers' own asks the engine for its API version)."""
+    from testcontainers.core import container
+
+    monkeypatch.setattr(container, "DockerClient", lambda **kwargs: None)
+
+
 def _docker_answers() -> bool:
     try:
         import docker

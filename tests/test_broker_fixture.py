@@ -26,6 +26,7 @@ def _env_name(key: str) -> str:
     return "KAFKA_" + key.upper().replace(".", "_")
 
 
+@pytest.mark.usefixtures("without_docker_engine")
 def test_the_testcontainers_broker_runs_the_one_node_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DOCKER_HOST", raising=False)  # the local engine
     container = kafka_container()

@@ -104,7 +104,9 @@ def _dockerfile_context(tmp_path: Path) -> tuple[Path, list[str]]:
             for source in sources:
                 destination = context / (target if not target.endswith("/") and target != "./" else source)
                 if (ROOT / source).is_dir():
-                    shutil.copytree(ROOT / source, destination, ignore=shutil.ignore_patterns("__pycache__"))
+                    # not the wheels build-local-images.sh may have left: the test installs nothing
+                    ignore = shutil.ignore_patterns("__pycache__", "*.whl")
+                    shutil.copytree(ROOT / source, destination, ignore=ignore)
                 else:
                     shutil.copy(ROOT / source, context / Path(source).name)
         elif words[0] == "RUN":

@@ -9,6 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import kafka_container
 
@@ -56,6 +57,7 @@ def test_compose_broker_environment_renders_to_the_embedded_brokers_settings(tmp
     assert tool is not None and os.access(KAFKA_BIN / tool.group(1), os.X_OK)
 
 
+@pytest.mark.usefixtures("without_docker_engine")
 def test_the_confluent_stand_in_has_what_testcontainers_start_script_runs() -> None:
     """KafkaContainer writes a start script into the container and runs it: every file of Confluent's
     layout it sources or runs is in the stand-in, and so is every command it appends to configure."""
