@@ -11,7 +11,8 @@
 # Then the project's own image, straggler-stream:latest (Dockerfile), is built; when pip inside the
 # build cannot reach an index, from a wheelhouse built on the host (deploy/wheelhouse/). No
 # certificate of this machine goes into any image.
-# Needs a running Docker engine; root for debootstrap. Set LOCAL_IMAGES_NO_PULL=1 to skip pulls.
+# Needs a running Docker engine; root for debootstrap. Set LOCAL_IMAGES_NO_PULL=1 to skip pulls;
+# `--broker-only` stops after the broker images (what the testcontainers run needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -66,6 +67,10 @@ if ! available "$KAFKA_IMAGE"; then
 fi
 
 available "$CONFLUENT_IMAGE" || build "$CONFLUENT_IMAGE" "$IMAGES/cp-kafka"
+if [ "${1:-}" = --broker-only ]; then
+    log "ready: $KAFKA_IMAGE $CONFLUENT_IMAGE"
+    exit 0
+fi
 
 # The project's image, always built (the layer cache makes an unchanged tree cheap). pip in the
 # build uses the index when it can reach one; otherwise PIP_NO_INDEX/PIP_FIND_LINKS point it at

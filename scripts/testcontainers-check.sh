@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/build-local-images.sh
+bash scripts/build-local-images.sh --broker-only
 ryuk=$(.venv/bin/python -c 'from testcontainers.core.config import testcontainers_config as c; print(c.ryuk_image)')
 if docker image inspect "$ryuk" >/dev/null 2>&1 || timeout 120 docker pull -q "$ryuk" >/dev/null 2>&1; then
     echo "== testcontainers: Ryuk ($ryuk) reaps the containers"
