@@ -12,6 +12,11 @@ COPY producers ./producers
 COPY consumers ./consumers
 COPY schemas ./schemas
 COPY data ./data
+# Empty unless scripts/build-local-images.sh built wheels on the host (no index from the build); it
+# then passes PIP_NO_INDEX=1 and PIP_FIND_LINKS=/app/wheelhouse, which pip reads from the environment.
+COPY deploy/wheelhouse ./wheelhouse
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 
 RUN pip install --no-cache-dir .
 

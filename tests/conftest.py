@@ -12,18 +12,30 @@ from __future__ import annotations
 import importlib.util
 import os
 import uuid
-import warnings
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from straggler.kafka.embedded import embedded_kafka
 
+if TYPE_CHECKING:
+    from testcontainers.community.kafka import KafkaContainer
+
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 # testcontainers-python's KafkaContainer drives Confluent's image scripts (it cannot start the
 # apache/kafka image); Confluent Platform 7.9 ships Apache Kafka 3.9, the version embedded here.
 CONTAINER_IMAGE = "confluentinc/cp-kafka:7.9.0"
+ONE_NODE_BROKER_ENV = {
+    "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+    "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+    "KAFKA_AUTO_CREATE_TOPICS_ENABLE": "false",
+}
+"""What the embedded broker and compose's broker also run with, and KafkaContainer sets none of
+(Confluent's image renders only what the environment says): without the first two the broker asks
+for ``__transaction_state`` with replication factor 3 and the exactly-once mitigation hangs; with
+auto-creation on, a missing topic is created by the first request that names it."""
 
 
 NO_TORCH = "PyTorch not installed (the start extra): pip install -e '.[start]', then pytest -m torch"
@@ -57,6 +69,43 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Genera
     return result
 
 
+def _engine_is_local() -> bool:
+    """The Docker engine is this machine's (its Unix socket), so a port it publishes on 127.0.0.1 is
+    this machine's loopback interface."""
+    host = os.environ.get("DOCKER_HOST", "")
+    return host == "" or host.startswith("unix://")
+
+
+def kafka_container() -> KafkaContainer:
+    """The testcontainers broker (KRaft), not started, with the one-node settings above. On a local
+    engine its client port is published on 127.0.0.1 only and advertised there (testcontainers would
+    pick the bridge's gateway where it believes it runs inside a container, e.g. a ``/.dockerenv``
+    exists; docker-py takes ``(host_ip,)`` for "any free port there", testcontainers' typing only
+    port numbers)."""
+    from testcontainers.community.kafka import KafkaContainer
+
+    class LoopbackKafkaContainer(KafkaContainer):
+        def get_container_host_ip(self) -> str:
+            return "127.0.0.1"
+
+    local = _engine_is_local()
+    container = (LoopbackKafkaContainer if local else KafkaContainer)(CONTAINER_IMAGE).with_kraft()
+    for name, value in ONE_NODE_BROKER_ENV.items():
+        container.with_env(name, value)
+    if local:
+        container.ports[str(container.port)] = ("127.0.0.1",)  # type: ignore[assignment]
+    return container
+
+
+@pytest.fixture
+def without_docker_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lets a test build (not start) a testcontainers container where no Docker engine answers: its
+    client is replaced by nothing (testcontainers' own asks the engine for its API version)."""
+    from testcontainers.core import container
+
+    monkeypatch.setattr(container, "DockerClient", lambda **kwargs: None)
+
+
 def _docker_answers() -> bool:
     try:
         import docker
@@ -79,11 +128,7 @@ def kafka_bootstrap() -> Iterator[str]:
         yield from_env
         return
     if _docker_answers():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer(CONTAINER_IMAGE).with_kraft() as container:
+        with kafka_container() as container:  # stopped and removed on leaving
             yield container.get_bootstrap_server()
         return
     with embedded_kafka() as bootstrap:

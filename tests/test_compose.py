@@ -104,7 +104,9 @@ def _dockerfile_context(tmp_path: Path) -> tuple[Path, list[str]]:
             for source in sources:
                 destination = context / (target if not target.endswith("/") and target != "./" else source)
                 if (ROOT / source).is_dir():
-                    shutil.copytree(ROOT / source, destination, ignore=shutil.ignore_patterns("__pycache__"))
+                    # not the wheels build-local-images.sh may have left: the test installs nothing
+                    ignore = shutil.ignore_patterns("__pycache__", "*.whl")
+                    shutil.copytree(ROOT / source, destination, ignore=ignore)
                 else:
                     shutil.copy(ROOT / source, context / Path(source).name)
         elif words[0] == "RUN":
@@ -278,3 +280,15 @@ def test_docker_compose_config_validates_the_stack(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert refused.returncode != 0 and "depends_onn" in refused.stderr + refused.stdout
+
+
+def test_monitoring_is_a_profile_and_a_plain_up_runs_the_replay() -> None:
+    """`docker compose up` starts what the replay needs (and can run where Prometheus' and Grafana's
+    images cannot be had); `--profile monitoring` adds both."""
+    profiled = {name: service["profiles"] for name, service in SERVICES.items() if "profiles" in service}
+    assert profiled == {"prometheus": ["monitoring"], "grafana": ["monitoring"]}
+    plain = set(SERVICES) - set(profiled)
+    for name in plain:
+        depends = SERVICES[name].get("depends_on", [])
+        assert not set(depends) & set(profiled), f"{name} needs a monitoring service"
+    assert {"kafka", "topics", "worker", "mitigator", "replayer"} <= plain
