@@ -7,8 +7,10 @@ parallelism and of per-key ordering) is decided here rather than by whichever cl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -90,8 +92,10 @@ def create_topics(
 
 
 def create_missing_topics(bootstrap: str, topics: Sequence[NewTopic]) -> list[str]:
-    """Create each of ``topics`` unless it exists; return the names created. Existing topics are left
-    as they are; any error other than TOPIC_ALREADY_EXISTS is raised."""
+    """Create each of ``topics`` unless it exists; return the names created, once every one of
+    ``topics`` is in the broker's metadata with a leader for each partition (a create request can
+    complete before then, and a describe or produce right after would find no such topic). Existing
+    topics are left as they are; any error other than TOPIC_ALREADY_EXISTS is raised."""
     admin = AdminClient(admin_config(bootstrap))
     futures = admin.create_topics(
         list(topics), operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
@@ -106,7 +110,27 @@ def create_missing_topics(bootstrap: str, topics: Sequence[NewTopic]) -> list[st
                 continue
             raise
         created.append(topic.topic)
+    wait_until_led(admin, [topic.topic for topic in topics])
     return created
+
+
+def wait_until_led(admin: AdminClient, names: Sequence[str], timeout: float = ADMIN_TIMEOUT_S) -> None:
+    """Until each topic of ``names`` is in the metadata with a leader for every partition; raises
+    TimeoutError naming those still missing."""
+    deadline = time.monotonic() + timeout
+    missing = list(names)
+    while True:
+        metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+        missing = [name for name in names if not _led(metadata.topics.get(name))]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if missing:
+        raise TimeoutError(f"topics without a leader after {timeout:g} s: {', '.join(missing)}")
+
+
+def _led(topic: Any) -> bool:
+    return topic is not None and topic.error is None and all(p.leader >= 0 for p in topic.partitions.values())
 
 
 def partition_count(bootstrap: str, topic: str) -> int:
