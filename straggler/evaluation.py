@@ -46,6 +46,9 @@ from straggler.simulation import (
 ThresholdMode = Literal["oracle", "online"]
 MACHINE_COUNTS = (100, 200, 300, 400, 500, 600, 700, 800, 900)
 MITIGATION_POLICIES = ("relaunch", "speculate", "speculate:5")
+REFERENCE_METHOD = "reactive"
+"""What operators run without a model; with it in an evaluation, each method's jobs that end later
+than under it are counted (``jobs_below_reactive``)."""
 
 
 @dataclass(frozen=True)
@@ -279,6 +282,14 @@ def summarise(results: Sequence[JobResult], config: EvaluationConfig) -> dict[st
         }
         for name in config.methods
     }
+    if REFERENCE_METHOD in config.methods:  # per job: is any method's closed loop worse than reactive's?
+        for name in config.methods:
+            for spec in config.policies:
+                mitigation[name][spec]["jobs_below_reactive"] = sum(
+                    r.per_method[name]["mitigation"][spec]["jct_reduction"]
+                    < r.per_method[REFERENCE_METHOD]["mitigation"][spec]["jct_reduction"] - 1e-12
+                    for r in results
+                )
     limit = mean_figures([r.limit for r in results])
     return {
         "threshold": config.threshold,

@@ -55,10 +55,19 @@ def mitigation_table(summary: dict[str, Any]) -> str:
         limit = summary["mitigation_limit"][policy]["jct_reduction"]
         share = m["jct_reduction"] / limit if limit and limit > 0 else float("nan")
         lines.append(f"| {name} | {policy} | {_cost_cells(m)} | {_fmt(share)} | {m['jobs_longer']} |")
+    below = [
+        f"{name} / {policy} {m['jobs_below_reactive']}"
+        for name, per_policy in summary["mitigation"].items()
+        if name != "reactive"
+        for policy, m in per_policy.items()
+        if "jobs_below_reactive" in m
+    ]
     limit_row = _limit_row(summary)
     if limit_row is not None:
         rule = "copy every true straggler at its first checkpoint"
         lines.append(f"| *limit* | {rule} | {_cost_cells(limit_row)} | 1.000 | 0 |")
+    if below:
+        lines += ["", "Jobs that finish later than under `reactive` (same policy): " + ", ".join(below) + "."]
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from jobs_for_tests import make_job
 
+from straggler import report
 from straggler.cli import main
 from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import EvaluationConfig, evaluate, summarise
@@ -39,7 +40,7 @@ def test_summary_has_the_documented_shape_and_sane_values() -> None:
     for name in config.methods:
         for policy in config.policies:
             row = summary["mitigation"][name][policy]
-            assert set(row) == MITIGATION_KEYS
+            assert set(row) == MITIGATION_KEYS | {"jobs_below_reactive"}
             assert -1 < row["jct_reduction"] < 1 and np.isfinite(row["extra_machine_time"])
             assert row["gross_extra_machine_time"] >= 0
             assert row["copies"] == row["copies_won"] + row["copies_lost"]
@@ -52,6 +53,9 @@ def test_summary_has_the_documented_shape_and_sane_values() -> None:
     assert summary["mitigation_limit"]["speculate"]["copies"] > 0
     assert set(summary["mitigation_oracle"]) == set(config.policies)
     assert set(summary["mitigation_oracle"]["speculate"]) == MITIGATION_KEYS
+    assert summary["mitigation"]["reactive"]["speculate"]["jobs_below_reactive"] == 0
+    below = summary["mitigation"]["nurd-paper"]["relaunch"]["jobs_below_reactive"]
+    assert 0 <= below <= 3 and f"nurd-paper / relaunch {below}" in report.mitigation_table(summary)
     assert summary["mitigation_oracle"]["speculate"]["jct_reduction"] > 0
     # the literal formula flags far more than NURD (the measured degeneration the variants fix)
     assert summary["methods"]["nurd-paper"]["fpr"] > 5 * summary["methods"]["nurd"]["fpr"] + 0.05

@@ -95,7 +95,9 @@ def test_mitigation_table_cells_and_shares(summary: dict[str, Any]) -> None:
     rows = {
         f"{cells[0].strip()}/{cells[1].strip()}": [c.strip() for c in cells[2:]]
         for cells in (
-            line.strip("|").split("|") for line in report.mitigation_table(summary).splitlines()[2:]
+            line.strip("|").split("|")
+            for line in report.mitigation_table(summary).splitlines()[2:]
+            if line.startswith("|")
         )
     }
     limit = summary["mitigation_limit"]["relaunch"]
