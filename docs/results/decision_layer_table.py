@@ -1,0 +1,81 @@
+"""Render §11's tables of docs/results.md from the runs in docs/results/decision-layer/ (no number typed).
+
+    .venv/bin/python docs/results/decision_layer_table.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "decision-layer"
+RUNS = ("syn-60", "syn-300", "causal-60", "causal-300", "google-60", "google-300")
+
+
+def rows(run: str, summary: dict) -> list[str]:
+    limit = summary["mitigation_limit"]["speculate"]
+    out = []
+    named = [(n, m["speculate"]) for n, m in summary["mitigation"].items()]
+    named += [("*oracle-fed*", summary["mitigation_oracle"]["speculate"]), ("*limit*", limit)]
+    for name, m in named:
+        share = m["jct_reduction"] / limit["jct_reduction"] if limit["jct_reduction"] > 0 else float("nan")
+        out.append(
+            f"| {run} | {name} | {m['jct_reduction']:+.2%} | {m['gross_extra_machine_time']:+.2%} "
+            f"| {m['net_extra_machine_time']:+.2%} | {m['copies_won']} / {m['copies_lost']} | {share:.3f} |"
+        )
+    return out
+
+
+def bars(run: str, summary: dict) -> list[str]:
+    limit = summary["mitigation_limit"]["speculate"]
+    oracle = summary["mitigation_oracle"]["speculate"]
+    mit = {n: m["speculate"] for n, m in summary["mitigation"].items()}
+    out = []
+    if not run.startswith("google"):
+        share = oracle["jct_reduction"] / limit["jct_reduction"]
+        cap = limit["gross_extra_machine_time"] + 0.02
+        ok = share >= 0.9 and oracle["gross_extra_machine_time"] <= cap
+        out.append(
+            f"- {run}: oracle-fed {share:.1%} of the limit (bar 90 %) at gross "
+            f"{oracle['gross_extra_machine_time']:+.2%} (bar <= {cap:+.2%}): **{'met' if ok else 'not met'}**"
+        )
+        nurd, reactive = mit["nurd"], mit["reactive"]
+        target = reactive["jct_reduction"] + 0.5 * (limit["jct_reduction"] - reactive["jct_reduction"])
+        cost_cap = 1.5 * reactive["gross_extra_machine_time"] + 0.01
+        ok = nurd["jct_reduction"] >= target and nurd["gross_extra_machine_time"] <= cost_cap
+        out.append(
+            f"- {run}: nurd {nurd['jct_reduction']:+.2%} (bar {target:+.2%}) at gross "
+            f"{nurd['gross_extra_machine_time']:+.2%} (bar <= {cost_cap:+.2%}): **{'met' if ok else 'not met'}**; "
+            + ", ".join(
+                f"{other} {mit[other]['jct_reduction']:+.2%} ({'below' if mit[other]['jct_reduction'] < nurd['jct_reduction'] else 'not below'} nurd)"
+                for other in ("gbtr", "nurd-nc")
+                if other in mit
+            )
+        )
+    else:
+        nurd = mit["nurd"]
+        below, longer = nurd.get("jobs_below_reactive"), nurd["jobs_longer"]
+        ok = below == 0 and longer == 0
+        out.append(
+            f"- {run} ({summary['jobs']} jobs): nurd's jobs below reactive {below}, jobs made longer {longer} "
+            f"(bar 0 and 0): **{'met' if ok else 'not met'}**"
+        )
+    return out
+
+
+def main() -> None:
+    table, checks = [], []
+    for run in RUNS:
+        path = HERE / run / "summary.json"
+        if not path.exists():
+            continue
+        summary = json.loads(path.read_text())
+        table += rows(run, summary)
+        checks += bars(run, summary)
+    print("\n".join(table))
+    print()
+    print("\n".join(checks))
+
+
+if __name__ == "__main__":
+    main()
