@@ -14,6 +14,7 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
+from straggler.argtypes import bootstrap_servers, policy, positive_float, positive_int, topic_prefix
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
 from straggler.kafka.security import add_kafka_config_argument
@@ -34,29 +35,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--bootstrap",
+        type=bootstrap_servers,
         default=default_bootstrap,
         required=default_bootstrap is None,
         help=f"broker address (default: ${BOOTSTRAP_ENV})",
     )
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"{POLICY_SPECS} (default: {DEFAULT_POLICY})")
+    p.add_argument("--policy", type=policy, default=DEFAULT_POLICY, help=f"mitigation policy: {POLICY_SPECS}")
     p.add_argument(
         "--checkpoint-seconds",
-        type=float,
+        type=positive_float,
         default=300.0,
         help="checkpoint interval (Mantri's horizon; how long a race's loser waits for its kill)",
     )
-    p.add_argument("--topic-prefix", default="", help="prefix of every topic name")
+    p.add_argument("--topic-prefix", type=topic_prefix, default="", help="prefix of every topic name")
     p.add_argument("--group", default="straggler-mitigation", help="consumer group id")
     p.add_argument(
         "--transactional-id", default=None, help="unique per instance (default: <group>-tx, one instance)"
     )
-    p.add_argument("--batch-size", type=int, default=500, help="records per transaction, at most")
+    p.add_argument("--batch-size", type=positive_int, default=500, help="records per transaction, at most")
     p.add_argument(
-        "--idle-timeout", type=float, default=None, help="exit after this many seconds without input"
+        "--idle-timeout",
+        type=positive_float,
+        default=None,
+        help="exit after this many seconds without input (default: run until stopped)",
     )
     p.add_argument(
         "--stall-timeout",
-        type=float,
+        type=positive_float,
         default=None,
         help="restart the consumer when it is silent this long, stuck in librdkafka (default 90 s)",
     )

@@ -12,6 +12,18 @@ if TYPE_CHECKING:
 
     from pipeline.settings import WorkerSettings
 
+from straggler.argtypes import (
+    LOG_LEVELS,
+    bootstrap_servers,
+    existing_file,
+    method,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    topic_prefix,
+)
+from straggler.core.registry import method_names
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
@@ -24,7 +36,7 @@ def _worker(args: argparse.Namespace) -> int:
     settings = WorkerSettings(
         bootstrap=args.bootstrap,
         method=args.method,
-        model_path=args.model,
+        model_path=None if args.model is None else str(args.model),
         topics=TopicNames(args.topic_prefix),
         partitions=args.partitions,
         live_interval=args.live_interval,
@@ -85,27 +97,47 @@ def _partition_mismatch(settings: WorkerSettings) -> str | None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("worker", help="run the Faust NURD agent (partitioned by job id)")
-    p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port")
-    p.add_argument("--method", default="nurd", help="straggler method (see `straggler evaluate --help`)")
-    p.add_argument("--model", default=None, help="a cross-job method's file from `straggler train`")
-    p.add_argument("--topic-prefix", default="", help="namespace for all topics (tests, several replays)")
-    p.add_argument("--partitions", type=int, default=8, help="must equal the input topics' partition count")
     p.add_argument(
-        "--live-interval", type=float, default=30.0, help="seconds between evaluations of live jobs"
+        "--bootstrap", type=bootstrap_servers, required=True, help="Kafka bootstrap servers, host:port"
+    )
+    p.add_argument(
+        "--method",
+        type=method,
+        default="nurd",
+        help=f"straggler method, of: {', '.join(method_names())}",
+    )
+    p.add_argument(
+        "--model",
+        type=existing_file,
+        default=None,
+        help="a cross-job method's file from `straggler train` (default: none)",
+    )
+    p.add_argument(
+        "--topic-prefix",
+        type=topic_prefix,
+        default="",
+        help="namespace for all topics (tests, several replays)",
+    )
+    p.add_argument(
+        "--partitions", type=positive_int, default=8, help="must equal the input topics' partition count"
+    )
+    p.add_argument(
+        "--live-interval", type=positive_float, default=30.0, help="seconds between evaluations of live jobs"
     )
     p.add_argument(
         "--pending-grace",
-        type=float,
+        type=non_negative_float,
         default=30.0,
         help="seconds a task event may wait for its job's 'started' event before it is dead-lettered",
     )
     p.add_argument(
         "--admm-interval",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="SECONDS",
         help="with --method admm and no --model: learn it in the stream, one consensus round over the "
-        "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1",
+        "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1 "
+        "(default: off)",
     )
     p.add_argument(
         "--refit-thread",
@@ -118,9 +150,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="wait for the broker at each checkpoint in one group flush for the partitions that wait, not "
         "holding up every job (same decisions)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="the method's random seed")
     add_metrics_arguments(p)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")
-    p.add_argument("--loglevel", default="warning")
+    p.add_argument("--loglevel", type=str.lower, choices=LOG_LEVELS, default="warning", help="log level")
     add_kafka_config_argument(p)
     p.set_defaults(func=_worker)

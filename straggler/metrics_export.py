@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from straggler.argtypes import port
+
 disable_created_metrics()  # no ``*_created`` series beside every counter: nothing here reads them
 
 DEFAULT_METRICS_HOST = "127.0.0.1"
@@ -140,7 +142,7 @@ def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
     """``--metrics-port``/``--metrics-host``: the Prometheus endpoint (off unless a port is given)."""
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=None,
         metavar="PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",

@@ -131,7 +131,7 @@ def test_metrics_endpoints_are_off_unless_a_port_is_given() -> None:
         assert parser.parse_args(command).metrics_port is None
         args = parser.parse_args([*command, "--metrics-port", "9400"])
         assert (args.metrics_port, args.metrics_host) == (9400, "127.0.0.1")
-    replay = ["replay", "--format", "google-2011", "--trace", "t", "--out", "o"]
+    replay = ["replay", "--format", "synthetic", "--out", "o"]
     assert parser.parse_args(replay).metrics_port is None
     assert parser.parse_args([*replay, "--metrics-port", "9400"]).metrics_port == 9400
     assert '--metrics-port "${METRICS_PORT:-9400}"' in (ROOT / "scripts" / "demo.sh").read_text()
