@@ -59,7 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_kafka_config_argument(create)
     create.set_defaults(func=_topics_create)
 
-    smoke = subparsers.add_parser("smoke", help="produce and consume keyed records through a real broker")
+    smoke = subparsers.add_parser(
+        "smoke", help="produce and consume keyed records through a real broker, on a topic of its own"
+    )
     smoke.add_argument(
         "--bootstrap",
         type=bootstrap_servers,
