@@ -21,6 +21,8 @@ from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+log = logging.getLogger(__name__)
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -71,7 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the consumer in this process, without the supervisor that restarts it when stuck",
     )
     add_metrics_arguments(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="log one line per transaction")
     add_kafka_config_argument(p)
     p.set_defaults(func=_mitigate)
 
@@ -79,9 +80,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _mitigate(args: argparse.Namespace) -> int:
     from consumers.mitigation import MitigationConsumer
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    log.info(
+        "mitigator: broker %s, topics %s*, group %s, policy %s, checkpoint every %g s, %s, metrics %s",
+        args.bootstrap,
+        args.topic_prefix,
+        args.group,
+        args.policy,
+        args.checkpoint_seconds,
+        "no watchdog" if args.no_watchdog else "under the watchdog",
+        "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}",
     )
     options = {
         "bootstrap": args.bootstrap,
@@ -120,6 +127,7 @@ def _mitigate(args: argparse.Namespace) -> int:
                 idle_timeout=args.idle_timeout,
                 stall_timeout=args.stall_timeout or STALL_TIMEOUT_S,
                 stop=stop,
+                verbose=args.verbose,
             )
             if run.exit_code != 0:
                 print("error: the mitigation consumer failed (see the log above)", file=sys.stderr)

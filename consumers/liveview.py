@@ -162,7 +162,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _view(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reader = TopicReader(args.bootstrap, TopicNames(args.topic_prefix), LiveViewState(args.keep_ended))
     reader.start()
     try:

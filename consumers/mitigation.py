@@ -275,6 +275,18 @@ class MitigationConsumer:
             state.dead_letters - before[3],
         )
 
+        for output in produced:
+            if isinstance(output, RelaunchCommand):
+                log.info(
+                    "command %s: %s of job %s task %s attempt %s (%s)",
+                    output.command_id[:12],
+                    output.action,
+                    output.job_id,
+                    output.task_id,
+                    output.attempt,
+                    output.reason,
+                )
+
     def _send_offsets(self, producer: Producer, consumer: Consumer) -> None:
         """Put the consumer's positions in the transaction (partitions it has not read are skipped)."""
         positions = consumer.position(consumer.assignment())

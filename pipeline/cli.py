@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 from straggler.argtypes import (
     LOG_LEVELS,
+    OWN_LOGGERS,
     bootstrap_servers,
     existing_file,
     method,
@@ -26,6 +27,8 @@ from straggler.argtypes import (
 from straggler.core.registry import method_names
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
+
+log = logging.getLogger(__name__)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -56,17 +59,27 @@ def _worker(args: argparse.Namespace) -> int:
 
         create_topics(settings)
     app = create_app(settings)
-    logging.basicConfig(level=args.loglevel.upper())
+    log.info(
+        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s, metrics %s",
+        settings.bootstrap,
+        settings.topics.prefix,
+        settings.partitions,
+        settings.method,
+        "" if settings.model_path is None else f" (model {settings.model_path})",
+        settings.live_interval,
+        "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}",
+    )
     if args.metrics_port is not None:
         from straggler.metrics_export import serve
 
         serve(app.straggler_metrics.registry, args.metrics_port, args.metrics_host)  # type: ignore[attr-defined]
-    quiet_worker(app, args.loglevel).execute_from_commandline()
+    quiet_worker(app, "debug" if args.verbose else args.loglevel).execute_from_commandline()
     return 0
 
 
 def quiet_worker(app: faust.App, loglevel: str) -> Worker:
-    """Faust's Worker for ``app``, logging at ``loglevel`` and without its progress spinner.
+    """Faust's Worker for ``app``, logging at ``loglevel`` (this package's loggers at INFO at least)
+    and without its progress spinner.
 
     The spinner sets the root logger to DEBUG (its handler turns at every record), so every debug
     call in Faust, mode and aiokafka builds a record that the log handler then drops: about 6 % of a
@@ -74,7 +87,11 @@ def quiet_worker(app: faust.App, loglevel: str) -> Worker:
     """
     from faust.worker import Worker
 
-    worker = Worker(app, loglevel=loglevel, quiet=True)
+    own = {name: {"level": "DEBUG" if loglevel == "debug" else "INFO"} for name in OWN_LOGGERS}
+    handler = {"level": "DEBUG", "class": "colorlog.StreamHandler", "formatter": "colored"}
+    # Faust's own records at ``loglevel``, this package's at INFO at least (its start, its jobs)
+    logging_config = {"merge": True, "handlers": {"default": handler}, "loggers": own}
+    worker = Worker(app, loglevel=loglevel, quiet=True, logging_config=logging_config)
     worker.spinner = None
     return worker
 
@@ -153,6 +170,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=non_negative_int, default=0, help="the method's random seed")
     add_metrics_arguments(p)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")
-    p.add_argument("--loglevel", type=str.lower, choices=LOG_LEVELS, default="warning", help="log level")
+    p.add_argument(
+        "--loglevel",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default="warning",
+        help="Faust's log level (the worker's own lines: info, or debug with -v)",
+    )
     add_kafka_config_argument(p)
     p.set_defaults(func=_worker)

@@ -8,12 +8,16 @@ exit status 2, before any broker, trace or child process is touched.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
+
+OWN_LOGGERS = ("straggler", "pipeline", "producers", "consumers", "schemas")
+"""The loggers of this package's modules (each logs as its module, ``logging.getLogger(__name__)``)."""
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 """The ``--loglevel`` choices, as Python's logging names them (lower case)."""
@@ -41,15 +45,26 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class Parser(argparse.ArgumentParser):
     """An `argparse.ArgumentParser` (and, through ``add_subparsers``, every subcommand's) that shows
-    defaults in ``--help`` and reports a usage error as one line on stderr, exit status 2."""
+    defaults in ``--help``, has ``-v/--verbose`` (unless ``verbose_option`` is False) and reports a
+    usage error as one line on stderr, exit status 2."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, verbose_option: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        if verbose_option:
+            self.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def configure_logging(verbose: bool) -> None:
+    """Log lines on stderr: this package's at INFO (DEBUG when ``verbose``), other libraries' warnings
+    only, so ``-v`` shows what the pipeline does without the chatter of Faust, aiokafka or numba."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def _number(kind: Callable[[str], float], text: str) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from straggler.argtypes import (
     Parser,
     bootstrap_servers,
     comma_list,
+    configure_logging,
     method,
     non_negative_float,
     policy,
@@ -171,25 +171,31 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
     from straggler.replay import run_replay
 
     traces = traces_for_command(args)
     if traces is None:
         return 1
     interval = float(min(np.diff(t.checkpoints).min() if len(t.checkpoints) > 1 else 300.0 for t in traces))
-    summary = run_replay(
-        traces,
-        policy=args.policy,
-        out=args.out,
-        bootstrap=args.bootstrap,
-        method=args.method,
-        speed=args.speed,
-        seed=args.seed,
-        checkpoint_seconds=interval,
-        metrics_port=args.metrics_port,
-    )
-    print((args.out / "report.md").read_text())
-    print(json.dumps(summary, indent=2))
+    try:
+        run_replay(
+            traces,
+            policy=args.policy,
+            out=args.out,
+            bootstrap=args.bootstrap,
+            method=args.method,
+            speed=args.speed,
+            seed=args.seed,
+            checkpoint_seconds=interval,
+            metrics_port=args.metrics_port,
+            verbose=args.verbose,
+        )
+    except (RuntimeError, KafkaException) as exc:  # a stage exited or stalled, no broker
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print((args.out / "report.md").read_text(), end="")
     return 0
 
 
@@ -230,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     from producers.cli import register as register_produce
     from straggler.kafka.cli import register as register_kafka
 
-    parser = Parser(prog="straggler", description=DESCRIPTION)
+    parser = Parser(prog="straggler", description=DESCRIPTION, verbose_option=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     register_kafka(subparsers)
     _register_evaluate(subparsers)
@@ -245,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
     if getattr(args, "format", "synthetic") != "synthetic" and args.trace is None:
         print(
             f"straggler {args.command}: error: --trace DIR is required for --format {args.format}",

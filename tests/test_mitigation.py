@@ -654,7 +654,7 @@ def _cli_command() -> list[str]:
     from straggler.cli import build_parser
 
     try:
-        build_parser().parse_args(["mitigate", "--bootstrap", "x", "--policy", "unlimited"])
+        build_parser().parse_args(["mitigate", "--bootstrap", "127.0.0.1:1", "--policy", "unlimited"])
         return [sys.executable, "-m", "straggler.cli"]
     except SystemExit:
         entry = (
