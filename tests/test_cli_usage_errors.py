@@ -106,3 +106,56 @@ def test_the_top_level_help_is_a_sentence_and_every_default_is_shown() -> None:
         assert shown in worker_help, shown
     mitigate_help = subcommand_help("mitigate")
     assert "(default: 300.0)" in mitigate_help and "mantri-duplicate" in mitigate_help
+
+
+MINIMAL_ARGS = {
+    "evaluate": ["--format", "synthetic", "--out", "o"],
+    "train": ["--format", "synthetic", "--method", "admm", "--out", "o"],
+    "worker": ["--bootstrap", NOBODY],
+    "produce": ["--format", "synthetic"],
+    "mitigate": ["--bootstrap", NOBODY],
+    "replay": ["--format", "synthetic", "--out", "o"],
+    "view": ["--bootstrap", NOBODY],
+    "smoke": [],
+}
+
+
+@pytest.mark.parametrize("command", sorted(MINIMAL_ARGS))
+def test_every_command_takes_verbose(command: str) -> None:
+    from straggler.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([command, *MINIMAL_ARGS[command], "-v"]).verbose
+    assert not parser.parse_args([command, *MINIMAL_ARGS[command]]).verbose
+
+
+@pytest.mark.broker
+def test_mitigate_verbose_reaches_the_consumer_under_the_watchdog(
+    kafka_bootstrap: str, fresh_topic_prefix: str
+) -> None:
+    """The watchdog's consumer is a spawned process: it logs at debug level when told ``-v``."""
+    from confluent_kafka import Producer
+
+    from straggler.kafka.config import producer_config
+    from straggler.kafka.names import TopicNames
+    from straggler.kafka.topics import create_topics
+
+    topics = TopicNames(fresh_topic_prefix)
+    create_topics(kafka_bootstrap, prefix=topics.prefix)
+    producer = Producer(producer_config(kafka_bootstrap))
+    producer.produce(topics.predictions, key=b"j", value=b"not json")  # one record, one transaction
+    assert producer.flush(30) == 0
+    common = [
+        "mitigate",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--topic-prefix",
+        topics.prefix,
+        "--idle-timeout",
+        "3",
+    ]
+    verbose = straggler(*common, "--group", f"{topics.prefix}verbose", "-v")
+    quiet = straggler(*common, "--group", f"{topics.prefix}quiet")
+    assert verbose.returncode == quiet.returncode == 0, verbose.stderr + quiet.stderr
+    assert "DEBUG consumers.mitigation: transaction 1: 1 records" in verbose.stderr
+    assert "DEBUG" not in quiet.stderr and "INFO consumers.cli: mitigator: broker" in quiet.stderr
