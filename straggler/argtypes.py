@@ -1,5 +1,6 @@
 """What every ``straggler`` command's options share: value types that refuse a wrong value at parse
-time, a help formatter that shows every default, and a parser whose errors are one line.
+time, a help formatter that shows every default, a parser whose errors are one line and which gives
+every command ``-v``, and the logging setup ``-v`` switches.
 
 A wrong value then ends the command at once with ``straggler <command>: error: ...`` on stderr and
 exit status 2, before any broker, trace or child process is touched.
