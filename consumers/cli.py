@@ -14,12 +14,15 @@ from types import FrameType
 
 from confluent_kafka import KafkaException
 
+from straggler.argtypes import bootstrap_servers, policy, positive_float, positive_int, topic_prefix
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+log = logging.getLogger(__name__)
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -34,29 +37,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--bootstrap",
+        type=bootstrap_servers,
         default=default_bootstrap,
         required=default_bootstrap is None,
         help=f"broker address (default: ${BOOTSTRAP_ENV})",
     )
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"{POLICY_SPECS} (default: {DEFAULT_POLICY})")
+    p.add_argument("--policy", type=policy, default=DEFAULT_POLICY, help=f"mitigation policy: {POLICY_SPECS}")
     p.add_argument(
         "--checkpoint-seconds",
-        type=float,
+        type=positive_float,
         default=300.0,
         help="checkpoint interval (Mantri's horizon; how long a race's loser waits for its kill)",
     )
-    p.add_argument("--topic-prefix", default="", help="prefix of every topic name")
+    p.add_argument("--topic-prefix", type=topic_prefix, default="", help="prefix of every topic name")
     p.add_argument("--group", default="straggler-mitigation", help="consumer group id")
     p.add_argument(
         "--transactional-id", default=None, help="unique per instance (default: <group>-tx, one instance)"
     )
-    p.add_argument("--batch-size", type=int, default=500, help="records per transaction, at most")
+    p.add_argument("--batch-size", type=positive_int, default=500, help="records per transaction, at most")
     p.add_argument(
-        "--idle-timeout", type=float, default=None, help="exit after this many seconds without input"
+        "--idle-timeout",
+        type=positive_float,
+        default=None,
+        help="exit after this many seconds without input (default: run until stopped)",
     )
     p.add_argument(
         "--stall-timeout",
-        type=float,
+        type=positive_float,
         default=None,
         help="restart the consumer when it is silent this long, stuck in librdkafka (default 90 s)",
     )
@@ -66,7 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the consumer in this process, without the supervisor that restarts it when stuck",
     )
     add_metrics_arguments(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="log one line per transaction")
     add_kafka_config_argument(p)
     p.set_defaults(func=_mitigate)
 
@@ -74,9 +80,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _mitigate(args: argparse.Namespace) -> int:
     from consumers.mitigation import MitigationConsumer
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    log.info(
+        "mitigator: broker %s, topics %s*, group %s, policy %s, checkpoint every %g s, %s, metrics %s",
+        args.bootstrap,
+        args.topic_prefix,
+        args.group,
+        args.policy,
+        args.checkpoint_seconds,
+        "no watchdog" if args.no_watchdog else "under the watchdog",
+        "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}",
     )
     options = {
         "bootstrap": args.bootstrap,
@@ -115,6 +127,7 @@ def _mitigate(args: argparse.Namespace) -> int:
                 idle_timeout=args.idle_timeout,
                 stall_timeout=args.stall_timeout or STALL_TIMEOUT_S,
                 stop=stop,
+                verbose=args.verbose,
             )
             if run.exit_code != 0:
                 print("error: the mitigation consumer failed (see the log above)", file=sys.stderr)

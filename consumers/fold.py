@@ -32,7 +32,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from schemas import (
@@ -111,6 +111,7 @@ class MitigationState:
         checkpoint_interval: float = 300.0,
         partitions: int | None = None,
         clock: Callable[[], float] = time.time,
+        lettered_topics: Collection[str] | None = None,
     ) -> None:
         self.policy_spec = policy
         self.clock = clock
@@ -118,6 +119,10 @@ class MitigationState:
         self.partitions = partitions
         """The input topics' partition count: task and job events off their job's murmur2 partition
         are skipped (the worker forwards them there). None: every record is folded."""
+        self.lettered_topics = None if lettered_topics is None else frozenset(lettered_topics)
+        """Topics whose unreadable records this fold dead-letters: the mitigator's own (predictions).
+        The agent letters those of the topics it owns (task checkpoints, job events), so each bad
+        record is lettered once; here they are skipped. None: every topic's."""
         self.policy: MitigationPolicy = make_policy(policy, checkpoint_interval)
         self._jobs: dict[str, _Job] = {}
         self._closed: set[str] = set()
@@ -142,6 +147,8 @@ class MitigationState:
         try:
             event = decode(msg_value)
         except SchemaError as error:
+            if self.lettered_topics is not None and topic not in self.lettered_topics:
+                return []  # another stage's topic: that stage letters it
             self.dead_letters += 1
             return [dead_letter_for(msg_value, topic, partition, offset, error, stage="mitigator")]
         if (

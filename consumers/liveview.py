@@ -25,6 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from consumers.liveview_state import LiveViewState
 from schemas import SchemaError, decode_each
+from straggler.argtypes import bootstrap_servers, non_negative_int, port, topic_prefix
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 
@@ -143,21 +144,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("view", help="a live web page of jobs, stragglers and commands")
     p.add_argument(
         "--bootstrap",
+        type=bootstrap_servers,
         default=default_bootstrap,
         required=default_bootstrap is None,
         help=f"broker address (default: ${BOOTSTRAP_ENV})",
     )
-    p.add_argument("--topic-prefix", default="", help="prefix of every topic name")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    p.add_argument("--topic-prefix", type=topic_prefix, default="", help="prefix of every topic name")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=port, default=8080, help="port to listen on")
     p.add_argument(
-        "--keep-ended", type=int, default=200, help="ended jobs shown in detail (older ones: totals only)"
+        "--keep-ended",
+        type=non_negative_int,
+        default=200,
+        help="ended jobs shown in detail (older ones: totals only)",
     )
     p.set_defaults(func=_view)
 
 
 def _view(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reader = TopicReader(args.bootstrap, TopicNames(args.topic_prefix), LiveViewState(args.keep_ended))
     reader.start()
     try:

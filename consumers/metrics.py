@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, get_args
 
 from confluent_kafka import Consumer
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 from schemas import DeadLetter, RelaunchCommand
 from schemas.events import Action
@@ -25,6 +25,7 @@ from straggler.metrics_export import (
     StatsCollector,
     TopicPartition,
     partition_lags,
+    process_registry,
 )
 
 CONSUMER_COUNTERS = (
@@ -46,7 +47,7 @@ class MitigationMetrics:
 
     def __init__(self, stats: Callable[[], Any]) -> None:
         """``stats``: returns the running consumer's current `MitigationStats`."""
-        self.registry = CollectorRegistry()
+        self.registry = process_registry()
         self.registry.register(StatsCollector(stats, CONSUMER_COUNTERS))
         r = self.registry
         self.commands = Counter(

@@ -110,7 +110,9 @@ class MitigationConsumer:
         """Called at every step that returns (poll, transactional call, rebuild batch): a supervisor
         (`consumers.watchdog`) that stops hearing it knows the process is stuck inside librdkafka."""
         self.policy_spec = policy
-        self._state = MitigationState(policy, checkpoint_interval)  # pure; also validates the spec
+        self._state = MitigationState(  # pure; also validates the spec
+            policy, checkpoint_interval, lettered_topics=[topics.predictions]
+        )
         self._stats = MitigationStats()
         self._last_input = time.monotonic()
         self._assigned = False
@@ -273,6 +275,18 @@ class MitigationConsumer:
             state.dead_letters - before[3],
         )
 
+        for output in produced:
+            if isinstance(output, RelaunchCommand):
+                log.info(
+                    "command %s: %s of job %s task %s attempt %s (%s)",
+                    output.command_id[:12],
+                    output.action,
+                    output.job_id,
+                    output.task_id,
+                    output.attempt,
+                    output.reason,
+                )
+
     def _send_offsets(self, producer: Producer, consumer: Consumer) -> None:
         """Put the consumer's positions in the transaction (partitions it has not read are skipped)."""
         positions = consumer.position(consumer.assignment())
@@ -300,7 +314,12 @@ class MitigationConsumer:
         self._beat()
         committed = consumer.committed(partitions, timeout=COMMITTED_TIMEOUT_S) if partitions else []
         targets = {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
-        state = MitigationState(self.policy_spec, self.checkpoint_interval, self._input_partitions(consumer))
+        state = MitigationState(
+            self.policy_spec,
+            self.checkpoint_interval,
+            self._input_partitions(consumer),
+            lettered_topics=[self.topics.predictions],
+        )
         folded = self._fold_committed(state, targets)
         self._state = state
         self._stats.rebuilt_records += folded

@@ -30,6 +30,7 @@ from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 from consumers.mitigation import MitigationConsumer, MitigationStats
+from straggler.argtypes import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,11 @@ def _child(
     idle_timeout: float | None,
     parent: int,
     restarts: int = 0,
+    verbose: bool = False,
 ) -> None:
-    """Run one consumer until stopped or idle; put its stats (or its error) on ``results``."""
+    """Run one consumer until stopped or idle; put its stats (or its error) on ``results``. It logs
+    as the command does (a spawned process starts without the parent's logging)."""
+    configure_logging(verbose)
     _die_with_parent()
     if os.getppid() != parent:  # the supervisor died before prctl took effect
         os._exit(1)
@@ -91,6 +95,7 @@ def supervise(
     max_restarts: int = 20,
     stop: threading.Event | None = None,
     on_restart: Callable[[int], None] | None = None,
+    verbose: bool = False,
 ) -> SupervisedRun:
     """Run `MitigationConsumer(**options)` in a child process; restart it when it stalls.
 
@@ -106,7 +111,7 @@ def supervise(
         beat = context.Value("d", time.monotonic(), lock=False)
         child = context.Process(
             target=_child,
-            args=(options, beat, results, idle_timeout, os.getpid(), restarts),
+            args=(options, beat, results, idle_timeout, os.getpid(), restarts, verbose),
             name="mitigation-consumer",
         )
         child.start()

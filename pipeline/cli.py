@@ -12,8 +12,23 @@ if TYPE_CHECKING:
 
     from pipeline.settings import WorkerSettings
 
+from straggler.argtypes import (
+    LOG_LEVELS,
+    OWN_LOGGERS,
+    bootstrap_servers,
+    existing_file,
+    method,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    topic_prefix,
+)
+from straggler.core.registry import method_names
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
+
+log = logging.getLogger(__name__)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -24,7 +39,7 @@ def _worker(args: argparse.Namespace) -> int:
     settings = WorkerSettings(
         bootstrap=args.bootstrap,
         method=args.method,
-        model_path=args.model,
+        model_path=None if args.model is None else str(args.model),
         topics=TopicNames(args.topic_prefix),
         partitions=args.partitions,
         live_interval=args.live_interval,
@@ -42,17 +57,27 @@ def _worker(args: argparse.Namespace) -> int:
 
         create_topics(settings)
     app = create_app(settings)
-    logging.basicConfig(level=args.loglevel.upper())
+    log.info(
+        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s, metrics %s",
+        settings.bootstrap,
+        settings.topics.prefix,
+        settings.partitions,
+        settings.method,
+        "" if settings.model_path is None else f" (model {settings.model_path})",
+        settings.live_interval,
+        "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}",
+    )
     if args.metrics_port is not None:
         from straggler.metrics_export import serve
 
         serve(app.straggler_metrics.registry, args.metrics_port, args.metrics_host)  # type: ignore[attr-defined]
-    quiet_worker(app, args.loglevel).execute_from_commandline()
+    quiet_worker(app, "debug" if args.verbose else args.loglevel).execute_from_commandline()
     return 0
 
 
 def quiet_worker(app: faust.App, loglevel: str) -> Worker:
-    """Faust's Worker for ``app``, logging at ``loglevel`` and without its progress spinner.
+    """Faust's Worker for ``app``, logging at ``loglevel`` (this package's loggers at INFO at least)
+    and without its progress spinner.
 
     The spinner sets the root logger to DEBUG (its handler turns at every record), so every debug
     call in Faust, mode and aiokafka builds a record that the log handler then drops: about 6 % of a
@@ -60,7 +85,11 @@ def quiet_worker(app: faust.App, loglevel: str) -> Worker:
     """
     from faust.worker import Worker
 
-    worker = Worker(app, loglevel=loglevel, quiet=True)
+    own = {name: {"level": "DEBUG" if loglevel == "debug" else "INFO"} for name in OWN_LOGGERS}
+    handler = {"level": "DEBUG", "class": "colorlog.StreamHandler", "formatter": "colored"}
+    # Faust's own records at ``loglevel``, this package's at INFO at least (its start, its jobs)
+    logging_config = {"merge": True, "handlers": {"default": handler}, "loggers": own}
+    worker = Worker(app, loglevel=loglevel, quiet=True, logging_config=logging_config)
     worker.spinner = None
     return worker
 
@@ -83,31 +112,57 @@ def _partition_mismatch(settings: WorkerSettings) -> str | None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("worker", help="run the Faust NURD agent (partitioned by job id)")
-    p.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers, host:port")
-    p.add_argument("--method", default="nurd", help="straggler method (see `straggler evaluate --help`)")
-    p.add_argument("--model", default=None, help="a cross-job method's file from `straggler train`")
-    p.add_argument("--topic-prefix", default="", help="namespace for all topics (tests, several replays)")
-    p.add_argument("--partitions", type=int, default=8, help="must equal the input topics' partition count")
     p.add_argument(
-        "--live-interval", type=float, default=30.0, help="seconds between evaluations of live jobs"
+        "--bootstrap", type=bootstrap_servers, required=True, help="Kafka bootstrap servers, host:port"
+    )
+    p.add_argument(
+        "--method",
+        type=method,
+        default="nurd",
+        help=f"straggler method, of: {', '.join(method_names())}",
+    )
+    p.add_argument(
+        "--model",
+        type=existing_file,
+        default=None,
+        help="a cross-job method's file from `straggler train` (default: none)",
+    )
+    p.add_argument(
+        "--topic-prefix",
+        type=topic_prefix,
+        default="",
+        help="namespace for all topics (tests, several replays)",
+    )
+    p.add_argument(
+        "--partitions", type=positive_int, default=8, help="must equal the input topics' partition count"
+    )
+    p.add_argument(
+        "--live-interval", type=positive_float, default=30.0, help="seconds between evaluations of live jobs"
     )
     p.add_argument(
         "--pending-grace",
-        type=float,
+        type=non_negative_float,
         default=30.0,
         help="seconds a task event may wait for its job's 'started' event before it is dead-lettered",
     )
     p.add_argument(
         "--admm-interval",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="SECONDS",
         help="with --method admm and no --model: learn it in the stream, one consensus round over the "
-        "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1",
+        "partitions at most every SECONDS (pipeline/admm_online.py); predicts no straggler before round 1 "
+        "(default: off)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="the method's random seed")
     add_metrics_arguments(p)
     p.add_argument("--datadir", default=None, help="Faust data directory (default: per app id, in the cwd)")
-    p.add_argument("--loglevel", default="warning")
+    p.add_argument(
+        "--loglevel",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default="warning",
+        help="Faust's log level (the worker's own lines: info, or debug with -v)",
+    )
     add_kafka_config_argument(p)
     p.set_defaults(func=_worker)

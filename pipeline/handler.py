@@ -350,11 +350,18 @@ class JobEventHandler:
             assert event.expected_tasks is not None
             live = not event.sends_boundaries
             store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=live)
+            log.info(
+                "job %s started: %d tasks, %s",
+                event.job_id,
+                event.expected_tasks,
+                "live" if live else "replayed",
+            )
             return
         meta = store.meta(event.job_id)
         if meta is None:
             self.stats.ignored += 1
             return
+        log.info("job %s ended at %g", event.job_id, event.time)
         if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
             self._drop(event.job_id)
         else:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import faust
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from straggler.core.online import Decision
 from straggler.metrics_export import (
@@ -22,6 +22,7 @@ from straggler.metrics_export import (
     StatsCollector,
     TopicPartition,
     partition_lags,
+    process_registry,
 )
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class WorkerMetrics:
 
     def __init__(self, stats: Any, jobs: Callable[[], int]) -> None:
         """``stats``: the agent's `AgentStats`; ``jobs``: how many jobs the worker's table holds."""
-        self.registry = CollectorRegistry()
+        self.registry = process_registry()
         self.registry.register(StatsCollector(lambda: stats, AGENT_COUNTERS))
         r = self.registry
         self.flags = Counter("straggler_worker_flags", "predictions that flag a straggler", registry=r)

@@ -8,6 +8,7 @@ import sys
 
 import orjson
 
+from straggler.argtypes import bootstrap_servers, non_negative_float, positive_float, topic_prefix
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.traces.loading import add_trace_arguments, traces_for_command
 
@@ -25,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--bootstrap",
+        type=bootstrap_servers,
         default=None,
         help="broker address (default: $KAFKA_BOOTSTRAP_SERVERS, else the running embedded broker, "
         "else 127.0.0.1:9092)",
@@ -32,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_trace_arguments(p)
     p.add_argument(
         "--speed",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="trace seconds per wall second (0: as fast as possible; pauses are capped at 60 s)",
     )
@@ -41,10 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="after each instant, wait for the agent and the mitigation consumer and apply their commands",
     )
-    p.add_argument("--topic-prefix", default="", help="prefix of every topic name")
+    p.add_argument("--topic-prefix", type=topic_prefix, default="", help="prefix of every topic name")
     p.add_argument("--mitigator-group", default="straggler-mitigation", help="consumer group to wait for")
     p.add_argument(
-        "--wait-timeout", type=float, default=120.0, help="closed loop: seconds to wait per instant"
+        "--wait-timeout", type=positive_float, default=120.0, help="closed loop: seconds to wait per instant"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_kafka_config_argument(p)
@@ -58,11 +60,7 @@ def _produce(args: argparse.Namespace) -> int:
     from straggler.kafka.cli import default_bootstrap
     from straggler.kafka.names import TopicNames
 
-    try:
-        traces = traces_for_command(args, progress=not args.quiet)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    traces = traces_for_command(args, progress=not args.quiet)
     if traces is None:
         return EXIT_FAILED
     replayer = TraceReplayer(

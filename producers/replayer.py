@@ -11,6 +11,7 @@ Event order: docs/module-notes.md.
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import time
 import uuid
@@ -78,6 +79,8 @@ transaction has sent but not yet committed are refused (unstable) and asked agai
 
 PRODUCER_SOURCE = "replayer"
 
+log = logging.getLogger(__name__)
+
 SendEvent = Callable[[str, str, Event], None]
 """``send(topic, job_id, event)``: encode and produce one event keyed by its job."""
 SendTasks = Callable[[str, str, Sequence[TaskCheckpoint]], None]
@@ -95,6 +98,14 @@ class ReplayStalled(RuntimeError):
         )
         self.instant = instant
         self.waiting = waiting
+
+
+class PipelineDown(RuntimeError):
+    """A stage the closed loop waits for has stopped: waiting on would only end in `ReplayStalled`."""
+
+
+PipelineCheck = Callable[[], str | None]
+"""Why the pipeline cannot answer (a stage exited, and how), or None while it runs."""
 
 
 def feature_map(names: Sequence[str], row: FloatArray) -> dict[str, float]:
@@ -174,7 +185,11 @@ class _PipelineWatch:
     consumer that carries its group id but never subscribes, so it never joins (or disturbs) the group.
     """
 
-    def __init__(self, bootstrap: str, topics: TopicNames, mitigator_group: str) -> None:
+    def __init__(
+        self, bootstrap: str, topics: TopicNames, mitigator_group: str, check: PipelineCheck | None = None
+    ) -> None:
+        self.check = check
+        """Asked at every turn of a wait: a stage that is down ends the wait at once (`PipelineDown`)."""
         own_group = f"straggler-replayer-{uuid.uuid4().hex[:12]}"
         self.topics = topics
         self.predictions = Consumer(dict(consumer_config(bootstrap, own_group)))
@@ -262,14 +277,21 @@ class _PipelineWatch:
         while any((job, t) not in self.markers for job in waiting):
             if time.monotonic() > deadline:
                 raise self._stalled(t, waiting, timeout)
+            self._ensure_running()
             self._read_markers()
         while True:
             waiting -= self._committed_past(t, waiting)
             if not waiting:
                 return
+            self._ensure_running()
             if time.monotonic() > deadline:
                 raise self._stalled(t, waiting, timeout)
             time.sleep(COMMITTED_POLL_SECONDS)
+
+    def _ensure_running(self) -> None:
+        down = None if self.check is None else self.check()
+        if down is not None:
+            raise PipelineDown(down)
 
     def _stalled(self, t: float, waiting: set[str], timeout: float) -> ReplayStalled:
         why = {
@@ -353,6 +375,7 @@ class TraceReplayer:
         checkpoint_seconds: float | None = None,
         batch: bool = True,
         observations_per_second: float | None = None,
+        pipeline_check: PipelineCheck | None = None,
     ) -> None:
         if speed < 0 or not math.isfinite(speed):
             raise ValueError(f"speed must be 0 (as fast as possible) or positive, got {speed}")
@@ -378,17 +401,30 @@ class TraceReplayer:
         self.interval = checkpoint_seconds or _smallest_spacing(self.traces)
         self.batch = batch
         self.observations_per_second = observations_per_second
+        self.pipeline_check = pipeline_check
+        """Closed loop: asked while waiting for the pipeline, so a stage that died fails the replay at
+        once with its reason, not after ``wait_timeout``."""
         if closed_loop and self.interval is None:
             raise ValueError("closed loop needs checkpoint_seconds: no trace has two checkpoints")
 
     def run(self) -> ReplayResult:
+        log.info(
+            "replayer: %d jobs to broker %s, topics %s*, %s, %s",
+            len(self.traces),
+            self.bootstrap,
+            self.topics.prefix,
+            "closed loop" if self.closed_loop else "open loop",
+            "as fast as possible" if self.speed == 0 else f"{self.speed:g}x real time",
+        )
         wall_start = time.monotonic()
         deliveries = DeliveryCounter()
         producer = Producer(replay_producer_config(self.bootstrap))
         _require_topics(producer, (self.topics.checkpoints, self.topics.job_events))
         sims = [JobSimulation(trace, self.seed) for trace in self.traces]
         watch = (
-            _PipelineWatch(self.bootstrap, self.topics, self.mitigator_group) if self.closed_loop else None
+            _PipelineWatch(self.bootstrap, self.topics, self.mitigator_group, self.pipeline_check)
+            if self.closed_loop
+            else None
         )
         result = ReplayResult(0, 0, len(self.traces), 0, 0.0)
         schedule: dict[float, list[int]] = {}
@@ -442,6 +478,7 @@ class TraceReplayer:
                 for j in starting:
                     trace = self.traces[j]
                     send(self.topics.job_events, trace.job_id, _started(trace))
+                    log.info("job %s started at %g: %d tasks", trace.job_id, t, trace.n_tasks)
                 if starting:
                     _flush(producer)  # a job's start is on the broker before its first task event
                 for j in active:
@@ -451,6 +488,7 @@ class TraceReplayer:
                     self._publish_checkpoint(sims[j], step, send, send_tasks, result)
                     if not self.closed_loop and k == len(self.traces[j].checkpoints) - 1:
                         send(self.topics.job_events, self.traces[j].job_id, _ended(self.traces[j], t))
+                        log.info("job %s ended at %g", self.traces[j].job_id, t)
                 if watch is not None:
                     _flush(producer)
                     if deliveries.errors:
@@ -469,6 +507,7 @@ class TraceReplayer:
                             insort(schedule[c], j)
                         if not added and sims[j].checkpoints[-1] == t:
                             send(self.topics.job_events, self.traces[j].job_id, _ended(self.traces[j], t))
+                            log.info("job %s ended at %g", self.traces[j].job_id, t)
                 result.instants += 1
                 bar.update()
             _flush(producer)

@@ -31,6 +31,7 @@ from schemas.codec import (
     written,
 )
 from schemas.events import CheckpointEvaluated, Event, Prediction, PredictionBatch, TaskBatch, TaskCheckpoint
+from schemas.ranges import COUNT_LIMITS, MAX_MAGNITUDE, MAX_TASK_SECONDS, MAX_TIME_S
 
 _ENVELOPE = ("type", "schema_version", "job_id", "source")
 """task_checkpoint fields a batch carries once, not per observation."""
@@ -67,21 +68,24 @@ _NUMBER_COLUMNS = (
 _NULLABLE_COLUMNS = frozenset(_NUMBER_COLUMNS) - {"elapsed"}
 
 _Id = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-_NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+_Time = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIME_S)]
+_Duration = Annotated[float, msgspec.Meta(ge=0, le=MAX_TASK_SECONDS)]
+_Feature = Annotated[float, msgspec.Meta(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
 
 
 class Observation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One observation of a task_batch, checked by msgspec in C against the rules of
-    task_checkpoint.v1.schema.json (less the finished/latency rule, `read_task_batch` checks it)."""
+    task_checkpoint.v1.schema.json and the ranges of `schemas.ranges` (less the finished/latency rule
+    and the start/checkpoint order, `read_task_batch` checks them)."""
 
     task_id: _Id
-    attempt: Annotated[int, msgspec.Meta(ge=0)]
-    checkpoint_time: _NonNegative
+    attempt: Annotated[int, msgspec.Meta(ge=0, le=COUNT_LIMITS["attempt"])]
+    checkpoint_time: _Time
     status: Literal["running", "finished", "failed", "killed"]
     machine_id: Annotated[str, msgspec.Meta(max_length=256)]
-    features: Annotated[dict[str, float], msgspec.Meta(max_length=256)]
-    latency: _NonNegative | None = None
-    start_time: _NonNegative | None = None
+    features: Annotated[dict[str, _Feature], msgspec.Meta(max_length=256)]
+    latency: _Duration | None = None
+    start_time: _Time | None = None
 
 
 class _Batch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -89,7 +93,7 @@ class _Batch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema_version: Literal[1]
     job_id: _Id
     observations: Annotated[list[Observation], msgspec.Meta(max_length=_MAX_OBSERVATIONS)]
-    produced_at: _NonNegative | None = None
+    produced_at: _Time | None = None
     source: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 
 
@@ -136,6 +140,9 @@ def _checked_batch(payload: bytes | bytearray | memoryview | str) -> _Batch | No
         return None
     for o in batch.observations:
         if (o.status == "finished") != (o.latency is not None):
+            return None
+        start = o.start_time
+        if start is not None and not 0 <= o.checkpoint_time - start <= MAX_TASK_SECONDS:
             return None
     return batch
 

@@ -21,6 +21,7 @@ import fastjsonschema
 import orjson
 
 from schemas.events import EVENT_CLASSES, DeadLetter, Event, Stage
+from schemas.ranges import out_of_range
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 """Largest encoded event, in bytes; larger payloads are rejected before they are parsed."""
@@ -113,12 +114,14 @@ def validate(obj: Any) -> None:
     """Check ``obj`` against the schema its ``type`` and ``schema_version`` select.
 
     Raises `SchemaError` for anything but an object, an unknown type or version, and every rule of
-    the schema; also for NaN and infinities, which JSON cannot carry (orjson would write them as null).
+    the schema; also for NaN and infinities, which JSON cannot carry (orjson would write them as null),
+    and for values outside their physical range (`schemas.ranges`).
     """
     event_type = _check_schema(obj)
     bad_path = _non_finite_path(obj, event_type)
     if bad_path is not None:
         raise SchemaError(bad_path[0], "finite", "must be a finite number", bad_path[1])
+    _check_ranges(event_type, obj)
 
 
 def encode(event: Event) -> bytes:
@@ -179,6 +182,7 @@ _UPGRADES: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
 def decode_object(obj: Any) -> Event:
     """Validate an already parsed JSON value and build its event (`decode` after the parse)."""
     event_type = _check_schema(obj)
+    _check_ranges(event_type, obj)
     upgrade = _UPGRADES.get((event_type, int(obj["schema_version"])))
     return EVENT_CLASSES[event_type].from_dict(obj if upgrade is None else upgrade(obj))
 
@@ -263,6 +267,13 @@ def _check_schema(obj: Any) -> str:
     except fastjsonschema.JsonSchemaValueException as exc:
         raise _schema_error(exc) from None
     return event_type
+
+
+def _check_ranges(event_type: str, obj: Mapping[str, Any]) -> None:
+    """`SchemaError` (rule ``range``) for the first value outside its physical range (`schemas.ranges`)."""
+    found = out_of_range(event_type, obj)
+    if found is not None:
+        raise SchemaError(found[0], "range", found[1], found[2])
 
 
 def _schema_error(exc: fastjsonschema.JsonSchemaValueException) -> SchemaError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -11,41 +10,60 @@ from pathlib import Path
 
 import numpy as np
 
-from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS, make_policy
+from straggler.argtypes import (
+    Parser,
+    bootstrap_servers,
+    comma_list,
+    configure_logging,
+    method,
+    non_negative_float,
+    policy,
+    port,
+    positive_int,
+    topic_prefix,
+)
+from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
+from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import MITIGATION_POLICIES
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.traces.loading import add_trace_arguments, traces_for_command
 
+DESCRIPTION = (
+    "Predict stragglers of datacenter jobs online and mitigate them: evaluate methods offline on a "
+    "trace, or run the pipeline (worker, mitigator, producer) on Apache Kafka and replay a trace "
+    "through it. Each command's --help lists its options and their defaults."
+)
+
+
+def port_and_next(text: str) -> int:
+    """A ``--metrics-port`` whose next port (the mitigator's) is a port too."""
+    value = port(text)
+    if value == 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a port from 1 to 65534 (the next is the mitigator's)"
+        )
+    return value
+
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from straggler.core.registry import DEFAULT_METHODS, method_names
     from straggler.evaluation import EvaluationConfig, evaluate, summarise
     from straggler.report import markdown_table, write_report
 
-    methods = tuple(args.methods.split(",")) if args.methods else DEFAULT_METHODS
-    unknown = sorted(set(methods) - set(method_names()))
-    if unknown:
-        print(f"unknown method(s): {', '.join(unknown)}; known: {', '.join(method_names())}", file=sys.stderr)
-        return 2
     traces = traces_for_command(args)
     if traces is None:
         return 1
     if args.drop_features:
-        dropped = [name.strip() for name in args.drop_features.split(",") if name.strip()]
-        traces = [trace.without_features(dropped) for trace in traces]
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    try:
-        for spec in policies:
-            make_policy(spec)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        try:
+            traces = [trace.without_features(args.drop_features) for trace in traces]
+        except KeyError as error:
+            print(f"error: --drop-features: {error.args[0]}", file=sys.stderr)
+            return 2
     config = EvaluationConfig(
-        methods=methods,
+        methods=args.methods,
         threshold=args.threshold,
         seed=args.seed,
         refit_growth=args.refit_growth,
-        policies=policies,
+        policies=args.policies,
         checkpoint_seconds=args.checkpoint_seconds or 300.0,
     )
     try:
@@ -64,22 +82,40 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _register_evaluate(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("evaluate", help="offline evaluation of straggler methods on a trace")
     add_trace_arguments(p, evaluation=True)
-    p.add_argument("--methods", default=None, help="comma-separated (default: NURD variants and baselines)")
-    p.add_argument("--threshold", choices=["oracle", "online"], default="oracle")
+    p.add_argument(
+        "--methods",
+        type=comma_list(method),
+        default=DEFAULT_METHODS,
+        help=f"comma-separated, of: {', '.join(method_names())} (default: {','.join(DEFAULT_METHODS)})",
+    )
+    p.add_argument(
+        "--threshold",
+        choices=["oracle", "online"],
+        default="oracle",
+        help="the latency threshold that labels a straggler: the job's final one (oracle) or the one "
+        "known at each checkpoint (online)",
+    )
     p.add_argument(
         "--refit-growth",
-        type=float,
+        type=non_negative_float,
         default=0.25,
         help="refit when the finished set grew by this fraction (0: at every checkpoint)",
     )
-    p.add_argument("--workers", type=int, default=None, help="processes (default: one per core)")
-    p.add_argument("--drop-features", default=None, help="comma-separated features to leave out (ablation)")
+    p.add_argument("--workers", type=positive_int, default=None, help="processes (default: one per core)")
+    p.add_argument(
+        "--drop-features",
+        type=comma_list(str),
+        default=None,
+        help="comma-separated features to leave out, an ablation (default: none)",
+    )
     p.add_argument(
         "--policies",
-        default=",".join(MITIGATION_POLICIES),
-        help=f"mitigation policies simulated in the closed loop, comma-separated ({POLICY_SPECS})",
+        type=comma_list(policy),
+        default=MITIGATION_POLICIES,
+        help=f"mitigation policies simulated in the closed loop, comma-separated, of: {POLICY_SPECS} "
+        f"(default: {','.join(MITIGATION_POLICIES)})",
     )
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="directory of report.md and summary.json")
     p.set_defaults(func=_evaluate)
 
 
@@ -119,50 +155,72 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
         "train", help="train a cross-job method (start, admm) on a training window, for `straggler worker`"
     )
     add_trace_arguments(p)
-    p.add_argument("--method", required=True)
+    p.add_argument("--method", type=method, required=True, help="a cross-job method: start or admm")
     p.add_argument("--out", type=Path, required=True, help="model file (pickle) for `worker --model`")
     p.add_argument(
-        "--bootstrap", default=None, help="admm: run the consensus rounds over this Kafka broker, host:port"
+        "--bootstrap",
+        type=bootstrap_servers,
+        default=None,
+        help="admm: run the consensus rounds over this Kafka broker, host:port (default: in this process)",
     )
-    p.add_argument("--topic-prefix", default="", help="admm: namespace of the exchange topic")
+    p.add_argument(
+        "--topic-prefix", type=topic_prefix, default="", help="admm: namespace of the exchange topic"
+    )
     add_kafka_config_argument(p)
     p.set_defaults(func=_train)
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
     from straggler.replay import run_replay
 
     traces = traces_for_command(args)
     if traces is None:
         return 1
     interval = float(min(np.diff(t.checkpoints).min() if len(t.checkpoints) > 1 else 300.0 for t in traces))
-    summary = run_replay(
-        traces,
-        policy=args.policy,
-        out=args.out,
-        bootstrap=args.bootstrap,
-        method=args.method,
-        speed=args.speed,
-        seed=args.seed,
-        checkpoint_seconds=interval,
-        metrics_port=args.metrics_port,
-    )
-    print((args.out / "report.md").read_text())
-    print(json.dumps(summary, indent=2))
+    try:
+        run_replay(
+            traces,
+            policy=args.policy,
+            out=args.out,
+            bootstrap=args.bootstrap,
+            method=args.method,
+            speed=args.speed,
+            seed=args.seed,
+            checkpoint_seconds=interval,
+            metrics_port=args.metrics_port,
+            verbose=args.verbose,
+        )
+    except (RuntimeError, KafkaException) as exc:  # a stage exited or stalled, no broker
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print((args.out / "report.md").read_text(), end="")
     return 0
 
 
 def _register_replay(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replay", help="closed-loop replay of a trace through Kafka, with a report")
     add_trace_arguments(p)
-    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"{POLICY_SPECS} (default: {DEFAULT_POLICY})")
-    p.add_argument("--method", default="nurd")
-    p.add_argument("--speed", type=float, default=0.0, help="1 = real time, 0 = as fast as possible")
-    p.add_argument("--bootstrap", default=None, help="an existing broker (default: start an embedded one)")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--policy", type=policy, default=DEFAULT_POLICY, help=f"mitigation policy: {POLICY_SPECS}")
+    p.add_argument(
+        "--method", type=method, default="nurd", help=f"straggler method, of: {', '.join(method_names())}"
+    )
+    p.add_argument(
+        "--speed", type=non_negative_float, default=0.0, help="1 = real time, 0 = as fast as possible"
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=bootstrap_servers,
+        default=None,
+        help="an existing broker (default: start an embedded one)",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="directory of report.md, summary.json and the logs"
+    )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_and_next,
         default=None,
         metavar="PORT",
         help="Prometheus metrics of the worker at 127.0.0.1:PORT, of the mitigator at PORT+1 (default: off)",
@@ -178,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     from producers.cli import register as register_produce
     from straggler.kafka.cli import register as register_kafka
 
-    parser = argparse.ArgumentParser(prog="straggler", description=__doc__)
+    parser = Parser(prog="straggler", description=DESCRIPTION, verbose_option=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     register_kafka(subparsers)
     _register_evaluate(subparsers)
@@ -193,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
+    if getattr(args, "format", "synthetic") != "synthetic" and args.trace is None:
+        print(
+            f"straggler {args.command}: error: --trace DIR is required for --format {args.format}",
+            file=sys.stderr,
+        )
+        return 2
     if hasattr(args, "kafka_config"):  # a command that talks to Kafka: its security settings first
         from straggler.kafka.config import KafkaAccessError, check_access
         from straggler.kafka.security import PLAINTEXT, SecurityConfigError, apply_kafka_config

@@ -12,19 +12,43 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from straggler.argtypes import port
 
 disable_created_metrics()  # no ``*_created`` series beside every counter: nothing here reads them
 
 DEFAULT_METRICS_HOST = "127.0.0.1"
 """Where ``--metrics-port`` listens unless ``--metrics-host`` says otherwise (compose: 0.0.0.0)."""
 
-DEAD_LETTER_KINDS = ("payload", "schema", "unknown_job", "unexpected_event", "internal", "other")
+DEAD_LETTER_KINDS = (
+    "payload",
+    "schema",
+    "range",
+    "key",
+    "unknown_job",
+    "unexpected_event",
+    "internal",
+    "other",
+)
 """The bounded ``kind`` label of the dead-letter counters (the free-text reason stays in the letter)."""
+
+KEY_REASONS = ("record of job ", "record key ")
+"""How `straggler.kafka.routing` starts the reason of a record it cannot place (no key, another key)."""
 
 LAG_SAMPLE_S = 1.0
 """Seconds between samples of the consumer lag."""
@@ -39,7 +63,9 @@ def dead_letter_kind(error: str | BaseException) -> str:
     if text.startswith("SchemaError: payload"):
         return "payload"  # not JSON, no value, over the size limit
     if text.startswith("SchemaError: "):
-        return "schema"
+        return "range" if " (range)" in text else "schema"  # `schemas.ranges`: a physically impossible value
+    if text.startswith(KEY_REASONS):
+        return "key"  # no key, or not the job id (`straggler.kafka.routing`)
     if text.startswith("event for unknown job"):
         return "unknown_job"
     if text.startswith("unexpected "):
@@ -47,6 +73,32 @@ def dead_letter_kind(error: str | BaseException) -> str:
     if text.startswith("internal error"):
         return "internal"
     return "other"
+
+
+def build_version() -> str:
+    """This installation's version of the package (``unknown`` when it runs from an uninstalled tree)."""
+    try:
+        return version("straggler-stream")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def process_registry() -> CollectorRegistry:
+    """A registry of one process's metrics, with what every process exports: prometheus_client's
+    process (CPU, memory, open files), platform (Python version) and GC collectors, and
+    ``straggler_build_info{version}`` (always 1), so a dashboard tells the deployed version."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    info = Gauge(
+        "straggler_build_info",
+        "the straggler-stream version running, as a label",
+        ["version"],
+        registry=registry,
+    )
+    info.labels(build_version()).set(1)
+    return registry
 
 
 def partition_lags(
@@ -140,7 +192,7 @@ def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
     """``--metrics-port``/``--metrics-host``: the Prometheus endpoint (off unless a port is given)."""
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=None,
         metavar="PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off)",

@@ -11,6 +11,7 @@ produce time to the last prediction or command it caused. Everything it started,
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,13 +22,14 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
-from producers.replayer import ReplayResult, TraceReplayer
+from producers.replayer import PipelineCheck, ReplayResult, TraceReplayer
 from schemas import (
     CheckpointEvaluated,
     DeadLetter,
@@ -45,6 +47,8 @@ from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.offsets import end_offset
 from straggler.simulation import checkpoint_interval, figures, limit_outcome, mean_figures
+
+log = logging.getLogger(__name__)
 
 STRAGGLER_COMMAND = ("-m", "straggler.cli")
 """What Python runs for ``straggler ARGS``."""
@@ -230,21 +234,47 @@ def pipeline_processes(
     datadir: Path,
     logs: Path,
     metrics_port: int | None = None,
-) -> Iterator[None]:
+    verbose: bool = False,
+) -> Iterator[PipelineCheck]:
     """The worker and the mitigation consumer (group ``group``) as child processes on ``topics``,
-    logging to ``logs``/worker.log and mitigator.log; with ``metrics_port``, the worker serves
-    Prometheus metrics there and the mitigator at the next port."""
+    logging to ``logs``/worker.log and mitigator.log (at debug level with ``verbose``); with
+    ``metrics_port``, the worker serves Prometheus metrics there and the mitigator at the next port.
+    Yields the check that says which of them has exited, and with what last words."""
     common = ["--bootstrap", bootstrap, "--topic-prefix", topics.prefix]
     ports = {} if metrics_port is None else {"worker": metrics_port, "mitigate": metrics_port + 1}
     metrics = {name: ["--metrics-port", str(port)] for name, port in ports.items()}
     worker = ["worker", *common, "--method", method, "--seed", str(seed), "--datadir", str(datadir)]
     mitigate = ["mitigate", *common, "--policy", policy, "--group", group]
     mitigate += ["--checkpoint-seconds", str(checkpoint_seconds)]
+    if verbose:
+        worker += ["--loglevel", "debug"]
+        mitigate += ["--verbose"]
+    logged = {"worker": logs / "worker.log", "mitigator": logs / "mitigator.log"}
     with (
-        child_process([*worker, *metrics.get("worker", [])], logs / "worker.log"),
-        child_process([*mitigate, *metrics.get("mitigate", [])], logs / "mitigator.log"),
+        child_process([*worker, *metrics.get("worker", [])], logged["worker"]) as worker_process,
+        child_process([*mitigate, *metrics.get("mitigate", [])], logged["mitigator"]) as mitigator_process,
     ):
-        yield
+        processes = {"worker": worker_process, "mitigator": mitigator_process}
+        yield partial(exited_child, processes, logged)
+
+
+def exited_child(processes: Mapping[str, subprocess.Popen[bytes]], logs: Mapping[str, Path]) -> str | None:
+    """Which of ``processes`` has exited, its status and the last line it logged; None while all run."""
+    for name, process in processes.items():
+        code = process.poll()
+        if code is not None:
+            return f"the {name} exited with status {code}: {last_words(logs[name])} (log: {logs[name]})"
+    return None
+
+
+def last_words(log: Path) -> str:
+    """The last line of a child's log that is not librdkafka's own (``%N|...``), or a note that none is."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    said = [line.strip() for line in lines if line.strip() and not line.startswith("%")]
+    return said[-1] if said else "nothing logged"
 
 
 def closed_loop_replay(
@@ -257,9 +287,11 @@ def closed_loop_replay(
     speed: float = 0.0,
     seed: int = 0,
     progress: bool = False,
+    pipeline_check: PipelineCheck | None = None,
 ) -> ReplayResult:
     """The closed-loop replay of ``traces`` through the running pipeline whose mitigator consumes as
-    ``group``; ``checkpoint_seconds`` is the pipeline's checkpoint grid."""
+    ``group``; ``checkpoint_seconds`` is the pipeline's checkpoint grid; ``pipeline_check`` (from
+    `pipeline_processes`) ends it at once when a stage has exited."""
     return TraceReplayer(
         traces,
         bootstrap,
@@ -270,6 +302,7 @@ def closed_loop_replay(
         mitigator_group=group,
         progress=progress,
         checkpoint_seconds=checkpoint_seconds,
+        pipeline_check=pipeline_check,
     ).run()
 
 
@@ -285,10 +318,13 @@ def run_replay(
     checkpoint_seconds: float = 300.0,
     progress: bool = True,
     metrics_port: int | None = None,
+    verbose: bool = False,
 ) -> dict[str, Any]:
     """Replay ``traces`` through the whole pipeline; write ``summary.json`` and ``report.md`` in ``out``.
 
-    ``metrics_port``: the worker serves Prometheus metrics there, the mitigator at the next port."""
+    ``metrics_port``: the worker serves Prometheus metrics there, the mitigator at the next port;
+    ``verbose``: both log at debug level. Raises `producers.replayer.PipelineDown` as soon as either
+    exits, with its last log line."""
     from straggler.kafka.embedded import embedded_kafka
     from straggler.kafka.topics import create_topics
 
@@ -300,7 +336,16 @@ def run_replay(
             bootstrap = stack.enter_context(embedded_kafka())
         create_topics(bootstrap, prefix=topics.prefix)
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="straggler-replay-")))
-        stack.enter_context(
+        log.info(
+            "replay: %d jobs, method %s, policy %s, broker %s, topics %s*, logs in %s",
+            len(traces),
+            method,
+            policy,
+            bootstrap,
+            topics.prefix,
+            out,
+        )
+        check = stack.enter_context(
             pipeline_processes(
                 bootstrap,
                 topics,
@@ -312,6 +357,7 @@ def run_replay(
                 datadir=workdir / "faust",
                 logs=out,
                 metrics_port=metrics_port,
+                verbose=verbose,
             )
         )
         result = closed_loop_replay(
@@ -323,6 +369,7 @@ def run_replay(
             speed=speed,
             seed=seed,
             progress=progress,
+            pipeline_check=check,
         )
         outputs = read_outputs(bootstrap, topics)
     accuracy = score(traces, outputs)

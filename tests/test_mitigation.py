@@ -643,8 +643,9 @@ def test_bad_records_go_to_dead_letters_and_the_rest_is_unchanged(
 def test_the_cli_rejects_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["mitigate", "--bootstrap", "127.0.0.1:1", "--policy", "fastest"])
-    assert args.func(args) == 2
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["mitigate", "--bootstrap", "127.0.0.1:1", "--policy", "fastest"])
+    assert exited.value.code == 2
     assert "unknown policy" in capsys.readouterr().err
 
 
@@ -653,7 +654,7 @@ def _cli_command() -> list[str]:
     from straggler.cli import build_parser
 
     try:
-        build_parser().parse_args(["mitigate", "--bootstrap", "x", "--policy", "unlimited"])
+        build_parser().parse_args(["mitigate", "--bootstrap", "127.0.0.1:1", "--policy", "unlimited"])
         return [sys.executable, "-m", "straggler.cli"]
     except SystemExit:
         entry = (

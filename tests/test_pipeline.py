@@ -15,13 +15,12 @@ import numpy as np
 import orjson
 import pytest
 from jobs_for_tests import make_job
+from offline_expectations import offline_nurd
 
 from producers.replayer import TraceReplayer
 from producers.telemetry import TelemetryProducer
-from schemas import CheckpointEvaluated, DeadLetter, Prediction, RelaunchCommand, command_id, decode_each
+from schemas import CheckpointEvaluated, DeadLetter, Prediction, RelaunchCommand, decode_each
 from straggler.core.jobtrace import JobTrace
-from straggler.core.policies import Unlimited
-from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.config import producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
@@ -111,18 +110,7 @@ def test_stream_decisions_and_commands_equal_the_offline_evaluator(pipeline: Pip
         if isinstance(e, Prediction) and e.job_id in {t.job_id for t in traces}
     }
 
-    config = EvaluationConfig(methods=("nurd",), threshold="online")
-    offline = set()
-    expected_commands = set()
-    policy = Unlimited()
-    for trace in traces:
-        for verdicts in method_decisions(trace, "nurd", config):
-            offline |= {(d.job_id, d.task_id, d.checkpoint_time, d.is_straggler) for d in verdicts}
-            if verdicts:
-                for action in policy.on_checkpoint(trace.job_id, verdicts[0].checkpoint_time, verdicts):
-                    expected_commands.add(
-                        command_id(action.job_id, action.task_id, action.action, action.decision_key)
-                    )
+    offline, expected_commands = offline_nurd(traces)
     assert any(flag for *_, flag in offline), "the scenario must contain stragglers"
     assert stream == offline
 
@@ -193,7 +181,7 @@ def test_bad_input_goes_to_dead_letters_and_the_worker_carries_on(pipeline: Pipe
         producer.produce(pipeline.topics.checkpoints, key=b"ghost", value=payload)
     producer.flush(30)
 
-    def all_dead(events: list[object]) -> bool:  # the agent's letters: the mitigator letters them too
+    def all_dead(events: list[object]) -> bool:  # the agent's letters (the agent owns the input topics)
         reasons = " | ".join(e.error for e in events if isinstance(e, DeadLetter) and e.stage == "agent")
         return all(fragment in reasons for fragment in bad.values())
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from jobs_for_tests import make_job
 
+from producers.replayer import PipelineDown
 from schemas import RelaunchCommand, command_id, decode
 from straggler.core.policy_spec import make_policy
 from straggler.evaluation import EvaluationConfig, online_job
@@ -75,3 +76,23 @@ def test_closed_loop_speculation_through_kafka_equals_the_offline_simulation(
         assert summary[key] == pytest.approx(offline_cost[key]), key
     assert summary["copies"] == summary["copies_won"] + summary["copies_lost"] > 0
     assert f"{summary['copies_won']} won their race, {summary['copies_lost']} lost" in report
+
+
+def test_a_replay_whose_pipeline_cannot_start_fails_with_the_childs_error(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The mitigator refuses its policy and exits: the replay ends at once with that line, not with
+    `ReplayStalled` after the closed loop's wait (the command line refuses such a policy itself)."""
+    trace = make_job(40, seed=3, job_id="cannot-start", interval=4.0)
+    with pytest.raises(PipelineDown) as down:
+        run_replay(
+            [trace],
+            policy="nonsense",
+            out=tmp_path,
+            bootstrap=kafka_bootstrap,
+            checkpoint_seconds=4.0,
+            progress=False,
+        )
+    message = str(down.value)
+    assert "the mitigator exited with status 2" in message and "unknown policy 'nonsense'" in message
+    assert str(tmp_path / "mitigator.log") in message

@@ -43,22 +43,23 @@ def bars(run: str, summary: dict) -> list[str]:
         target = reactive["jct_reduction"] + 0.5 * (limit["jct_reduction"] - reactive["jct_reduction"])
         cost_cap = 1.5 * reactive["gross_extra_machine_time"] + 0.01
         ok = nurd["jct_reduction"] >= target and nurd["gross_extra_machine_time"] <= cost_cap
+        others = []
+        for other in ("gbtr", "nurd-nc"):
+            below = mit[other]["jct_reduction"] < nurd["jct_reduction"]
+            others.append(f"{other} {mit[other]['jct_reduction']:+.2%} ({'' if below else 'not '}below nurd)")
+        verdict = "met" if ok else "not met"
         out.append(
             f"- {run}: nurd {nurd['jct_reduction']:+.2%} (bar {target:+.2%}) at gross "
-            f"{nurd['gross_extra_machine_time']:+.2%} (bar <= {cost_cap:+.2%}): **{'met' if ok else 'not met'}**; "
-            + ", ".join(
-                f"{other} {mit[other]['jct_reduction']:+.2%} ({'below' if mit[other]['jct_reduction'] < nurd['jct_reduction'] else 'not below'} nurd)"
-                for other in ("gbtr", "nurd-nc")
-                if other in mit
-            )
+            f"{nurd['gross_extra_machine_time']:+.2%} (bar <= {cost_cap:+.2%}): **{verdict}**; "
+            + ", ".join(others)
         )
     else:
         nurd = mit["nurd"]
         below, longer = nurd.get("jobs_below_reactive"), nurd["jobs_longer"]
         ok = below == 0 and longer == 0
         out.append(
-            f"- {run} ({summary['jobs']} jobs): nurd's jobs below reactive {below}, jobs made longer {longer} "
-            f"(bar 0 and 0): **{'met' if ok else 'not met'}**"
+            f"- {run} ({summary['jobs']} jobs): nurd's jobs below reactive {below}, jobs made longer "
+            f"{longer} (bar 0 and 0): **{'met' if ok else 'not met'}**"
         )
     return out
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
+from straggler.argtypes import bootstrap_servers, port_or_zero, positive_int
 from straggler.kafka.embedded import DEFAULT_PORT, BrokerError, EmbeddedKafka, embedded_kafka
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.kafka.smoke import DEFAULT_MESSAGES, smoke_check
@@ -26,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     broker_commands = broker.add_subparsers(dest="broker_command", required=True)
 
     start = broker_commands.add_parser("start", help="start it in the background; returns once it answers")
-    start.add_argument("--port", type=int, default=DEFAULT_PORT, help="PLAINTEXT port (0: pick a free one)")
+    start.add_argument(
+        "--port", type=port_or_zero, default=DEFAULT_PORT, help="PLAINTEXT port (0: pick a free one)"
+    )
     _add_data_dir(start)
     start.set_defaults(func=_broker_start)
 
@@ -43,19 +46,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create = topic_commands.add_parser("create", help="create the topics that do not exist yet")
     create.add_argument(
         "--bootstrap",
+        type=bootstrap_servers,
         help=f"broker address (default: ${BOOTSTRAP_ENV}, else the running embedded broker, "
         f"else 127.0.0.1:{DEFAULT_PORT})",
     )
-    create.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS)
-    create.add_argument("--replication", type=int, default=DEFAULT_REPLICATION)
+    create.add_argument(
+        "--partitions", type=positive_int, default=DEFAULT_PARTITIONS, help="partitions of each topic"
+    )
+    create.add_argument(
+        "--replication", type=positive_int, default=DEFAULT_REPLICATION, help="replicas of each partition"
+    )
     add_kafka_config_argument(create)
     create.set_defaults(func=_topics_create)
 
-    smoke = subparsers.add_parser("smoke", help="produce and consume keyed records through a real broker")
-    smoke.add_argument(
-        "--bootstrap", help="broker address (default: start an embedded broker for the duration)"
+    smoke = subparsers.add_parser(
+        "smoke", help="produce and consume keyed records through a real broker, on a topic of its own"
     )
-    smoke.add_argument("--messages", type=int, default=DEFAULT_MESSAGES)
+    smoke.add_argument(
+        "--bootstrap",
+        type=bootstrap_servers,
+        help="broker address (default: start an embedded broker for the duration)",
+    )
+    smoke.add_argument(
+        "--messages", type=positive_int, default=DEFAULT_MESSAGES, help="records to send and read back"
+    )
     add_kafka_config_argument(smoke)
     smoke.set_defaults(func=_smoke)
 

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
 
 from straggler.kafka.config import DeliveryCounter, consumer_config, producer_config
 from straggler.kafka.offsets import PAUSE_SECONDS, end_offset, not_ready
-from straggler.kafka.topics import TASK_CHECKPOINTS, create_topics
+from straggler.kafka.topics import DEFAULT_PARTITIONS, create_missing_topics, create_topics
 
+SMOKE_TOPIC = "straggler-smoke"
+"""The smoke run's own topic: its untyped records never reach a stage reading the pipeline's topics."""
+SMOKE_RETENTION_MS = 60 * 60 * 1000
 DEFAULT_MESSAGES = 200
 DEFAULT_KEYS = 8
 CONSUME_DEADLINE_S = 60.0
@@ -52,10 +56,11 @@ def smoke_check(
     messages: int = DEFAULT_MESSAGES,
     keys: int = DEFAULT_KEYS,
     *,
-    topic: str = TASK_CHECKPOINTS,
+    topic: str = SMOKE_TOPIC,
     echo: bool = True,
 ) -> SmokeResult:
-    """Create the topics, produce ``messages`` keyed JSON records, consume them back and check them.
+    """Create the pipeline's topics and ``topic``, produce ``messages`` keyed JSON records to ``topic``,
+    consume them back and check them.
 
     Only this run's records are read: the consumer starts each partition at its end offset from before
     producing, so earlier runs' records on a long-lived broker do not count.
@@ -63,6 +68,8 @@ def smoke_check(
     started = time.monotonic()
     run_id = uuid.uuid4().hex
     create_topics(bootstrap)
+    retention = {"retention.ms": str(SMOKE_RETENTION_MS)}
+    create_missing_topics(bootstrap, [NewTopic(topic, DEFAULT_PARTITIONS, 1, config=retention)])
     problems: list[str] = []
     counter = DeliveryCounter()
     consumed = 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+from straggler.argtypes import existing_dir, non_negative_int, positive_float, positive_int
 from straggler.core.jobtrace import JobTrace
 
 TraceFormat = Literal["google-2011", "google-2011-usage", "alibaba-2018", "synthetic"]
@@ -57,25 +58,31 @@ def load_traces(
 def add_trace_arguments(parser: argparse.ArgumentParser, *, evaluation: bool = False) -> None:
     """The options every command that reads a trace shares (evaluate, replay, produce); ``evaluation``
     adds the per-job checkpoint grid, which a replay cannot use (its checkpoints are cluster-wide)."""
-    parser.add_argument("--format", required=True, choices=FORMATS)
-    parser.add_argument("--trace", type=Path, default=None, help="trace directory (not needed for synthetic)")
-    parser.add_argument("--jobs", type=int, default=20, help="synthetic: number of jobs to generate")
-    parser.add_argument("--seed", type=int, default=0, help="synthetic jobs, relaunch draws, model seeds")
-    parser.add_argument("--max-jobs", type=int, default=None, help="only the N largest jobs")
+    parser.add_argument("--format", required=True, choices=FORMATS, help="the trace's format")
     parser.add_argument(
-        "--min-tasks", type=int, default=100, help="jobs with fewer finished tasks are left out"
+        "--trace", type=existing_dir, default=None, help="trace directory (required unless synthetic)"
+    )
+    parser.add_argument("--jobs", type=positive_int, default=20, help="synthetic: number of jobs to generate")
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0, help="synthetic jobs, relaunch draws, model seeds"
+    )
+    parser.add_argument(
+        "--max-jobs", type=positive_int, default=None, help="only the N largest jobs (default: all)"
+    )
+    parser.add_argument(
+        "--min-tasks", type=positive_int, default=100, help="jobs with fewer finished tasks are left out"
     )
     parser.add_argument(
         "--checkpoint-seconds",
-        type=float,
+        type=positive_float,
         default=None,
-        help="default 300 (Google) / 60 (alibaba-2018, synthetic)",
+        help="seconds between checkpoints (default: 300 for Google, 60 for alibaba-2018 and synthetic)",
     )
     if not evaluation:
         return
     parser.add_argument(
         "--checkpoints-per-job",
-        type=int,
+        type=positive_int,
         default=None,
         help="google-2011, evaluation only: N checkpoints evenly over each job's span (the paper's "
         "normalised time; placing them uses the job's end) instead of every --checkpoint-seconds",
@@ -98,8 +105,13 @@ def load_traces_from_args(args: argparse.Namespace, *, progress: bool = True) ->
 
 
 def traces_for_command(args: argparse.Namespace, *, progress: bool = True) -> list[JobTrace] | None:
-    """`load_traces_from_args` for a command: None, said on stderr, when no job meets --min-tasks."""
-    traces = load_traces_from_args(args, progress=progress)
+    """`load_traces_from_args` for a command: None, said on stderr in one line, when the trace cannot be
+    read or no job meets --min-tasks."""
+    try:
+        traces = load_traces_from_args(args, progress=progress)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
     if not traces:
         print("no job in the trace meets --min-tasks", file=sys.stderr)
         return None
