@@ -17,14 +17,14 @@ from straggler.argtypes import (
     OWN_LOGGERS,
     bootstrap_servers,
     existing_file,
-    method,
     non_negative_float,
     non_negative_int,
+    online_method,
     positive_float,
     positive_int,
     topic_prefix,
 )
-from straggler.core.registry import method_names
+from straggler.core.registry import online_method_names
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
@@ -117,9 +117,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--method",
-        type=method,
+        type=online_method,
         default="nurd",
-        help=f"straggler method, of: {', '.join(method_names())}",
+        help=f"straggler method, of: {', '.join(online_method_names())}",
     )
     p.add_argument(
         "--model",

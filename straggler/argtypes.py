@@ -178,6 +178,17 @@ def method(text: str) -> str:
     return text
 
 
+def online_method(text: str) -> str:
+    """A registered method a live worker may run: any but the oracle-fed control (future information)."""
+    from straggler.core.registry import ORACLE
+
+    if method(text) == ORACLE:
+        raise argparse.ArgumentTypeError(
+            f"{ORACLE!r} is told the future (an evaluation control): no worker runs it"
+        )
+    return text
+
+
 def comma_list(item: Callable[[str], str]) -> Callable[[str], tuple[str, ...]]:
     """An argparse type for ``a,b,c``, each item checked by ``item``; empty items are dropped."""
 

@@ -45,6 +45,7 @@ WRONG_VALUES = {
     ),
     "train --method": (["train", "--format", "synthetic", "--method", "fast", "--out", "OUT"], "--method"),
     "worker --method nonsense": (["worker", "--bootstrap", NOBODY, "--method", "nonsense"], "--method"),
+    "worker --method oracle": (["worker", "--bootstrap", NOBODY, "--method", "oracle"], "told the future"),
     "worker --loglevel chatty": (["worker", "--bootstrap", NOBODY, "--loglevel", "chatty"], "--loglevel"),
     "worker --live-interval -1": (
         ["worker", "--bootstrap", NOBODY, "--live-interval", "-1"],
