@@ -19,9 +19,7 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from bench.fault_scenarios import SCENARIOS, ScenarioResult, Sizes
+from straggler.fault_scenarios import SCENARIOS, ScenarioResult, Sizes
 
 COLUMNS = (
     "scenario",

@@ -81,7 +81,7 @@ def quiet_worker(app: faust.App, loglevel: str) -> Worker:
 
     The spinner sets the root logger to DEBUG (its handler turns at every record), so every debug
     call in Faust, mode and aiokafka builds a record that the log handler then drops: about 6 % of a
-    busy worker's time (docs/performance.md, session 12).
+    busy worker's time (docs/performance.md, "What bounds throughput").
     """
     from faust.worker import Worker
 

@@ -1,5 +1,6 @@
-"""Shared fixtures: one real Kafka broker for the whole test session, and unique names per test;
-the skip of `torch` tests without PyTorch, and a closing count of skipped tests by reason.
+"""Shared fixtures: one real Kafka broker for the whole test run, and unique names per test; the
+check that every test using that broker is marked ``broker`` (`broker_marks`), the skip of `torch`
+tests without PyTorch, and a closing count of skipped tests by reason.
 
 Where the broker comes from, first that works:
 1. ``$KAFKA_BOOTSTRAP_SERVERS`` (an existing broker, e.g. in CI or a developer's cluster);
@@ -17,6 +18,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from broker_marks import check_broker_marks
 
 from straggler.kafka.embedded import embedded_kafka
 
@@ -41,8 +43,11 @@ auto-creation on, a missing topic is created by the first request that names it.
 NO_TORCH = "PyTorch not installed (the start extra): pip install -e '.[start]', then pytest -m torch"
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: an unmarked broker test fails either half
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip tests marked ``torch`` when PyTorch is missing: one reason, one place to change it."""
+    """Fail the collection of a test that uses the broker without the ``broker`` mark; skip tests
+    marked ``torch`` when PyTorch is missing (one reason, one place to change it)."""
+    check_broker_marks(items)
     if importlib.util.find_spec("torch") is not None:
         return
     skip = pytest.mark.skip(reason=NO_TORCH)

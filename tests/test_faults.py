@@ -1,6 +1,6 @@
 """No lost or duplicated commands under crashes, restarts and bad input (issue 5).
 
-The scenarios themselves live in ``bench/fault_scenarios.py`` (``bench/faults.py`` prints the same
+The scenarios themselves live in ``straggler/fault_scenarios.py`` (``bench/faults.py`` prints the same
 runs as a table); here each one runs small and its result is asserted. The first tests need no broker:
 they pin down the idempotence the stream tests rely on.
 """
@@ -9,31 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
-from jobs_for_tests import make_job
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not an installed package
-
-import itertools
-
-from bench import fault_scenarios
-from bench.fault_scenarios import (
-    BAD_KINDS,
-    README_BAD_INPUT,
-    SCENARIOS,
-    ScenarioResult,
-    Sizes,
-    bad_record,
-    broker_restart,
-    check_agent_letters,
-    expected_letters,
-    stream_events,
-    with_repeats,
-)
 from consumers.fold import MitigationState
 from schemas import (
     CheckpointBoundary,
@@ -48,14 +29,29 @@ from schemas import (
     encode,
     observations,
 )
+from straggler import fault_scenarios
 from straggler.core.decision_event import prediction_event
 from straggler.core.jobstate import JobState, TaskStatus
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, method_decisions
+from straggler.fault_scenarios import (
+    BAD_KINDS,
+    README_BAD_INPUT,
+    SCENARIOS,
+    ScenarioResult,
+    Sizes,
+    bad_record,
+    broker_restart,
+    check_agent_letters,
+    expected_letters,
+    stream_events,
+    with_repeats,
+)
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Reject, route
 from straggler.simulation import recorded_steps
+from straggler.traces.small_jobs import make_job
 
 SIZES = Sizes(jobs=2, tasks=150, bad_events=450)
 """Small enough for a test run, large enough for stragglers (checked) and every kind of bad record."""

@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from jobs_for_tests import make_job
 
 import producers.replayer as replayer_module
 from pipeline.settings import WorkerSettings, app_id
@@ -46,6 +45,7 @@ from straggler.kafka.groups import wait_for_stable_group
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process
+from straggler.traces.small_jobs import make_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 N = 8

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobs_for_tests import make_job
 
 from schemas import JobEvent, Prediction, RelaunchCommand, SchemaError, TaskCheckpoint, decode_each
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.liveview_run import chromium, dump_dom, pipeline_and_view, wait_for
 from straggler.replay import closed_loop_replay, read_topic
+from straggler.traces.small_jobs import make_job
 
 pytestmark = pytest.mark.broker
 

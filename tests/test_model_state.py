@@ -21,7 +21,6 @@ import numpy as np
 import orjson
 import pytest
 from job_steps import each_checkpoint
-from jobs_for_tests import make_job
 
 from pipeline.model_codec import FORMAT, ModelRecordError, decode_model, encode_model
 from straggler.core.admm import Admm
@@ -30,6 +29,7 @@ from straggler.core.method import StragglerMethod
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method, online_method_names
 from straggler.core.start import StartMethod
+from straggler.traces.small_jobs import make_job
 
 FAST_PRESETS = {"nurd-paper", "nurd-nc", "gbtr"}
 

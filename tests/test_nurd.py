@@ -3,7 +3,6 @@ import dataclasses
 import numpy as np
 import pytest
 from job_steps import each_checkpoint
-from jobs_for_tests import make_job
 from sklearn.linear_model import LogisticRegression
 
 from straggler.core.jobtrace import JobTrace
@@ -33,6 +32,7 @@ from straggler.core.online import OnlineJob
 from straggler.core.preprocessing import impute_like
 from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
+from straggler.traces.small_jobs import make_job
 
 
 def _checkpoint(n_fin: int = 20, n_run: int = 480, signal: float = 1.0, seed: int = 0) -> CheckpointData:

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from jobs_for_tests import make_job
 from offline_expectations import offline_nurd
 
 from producers.replayer import TraceReplayer
@@ -26,6 +25,7 @@ from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process, read_topic
 from straggler.traces.google2011 import load_google2011
+from straggler.traces.small_jobs import make_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("pipeline")]  # one module-scoped pipeline
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "google-2011-sample"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jobs_for_tests import make_job
 
 from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.core.method import CheckpointData
@@ -28,6 +27,7 @@ from straggler.core.start import (
     training_sequence,
 )
 from straggler.evaluation import EvaluationConfig, method_decisions
+from straggler.traces.small_jobs import make_job
 
 # Tests marked `torch` train START or run its PyTorch network; tests/conftest.py skips them when
 # PyTorch is missing. Run them with: pip install -e '.[start]' && pytest -m torch

@@ -1,6 +1,6 @@
 """Render §11's tables of docs/results.md from the runs in docs/results/decision-layer/ (no number typed).
 
-    .venv/bin/python docs/results/decision_layer_table.py
+.venv/bin/python docs/results/decision_layer_table.py
 """
 
 from __future__ import annotations

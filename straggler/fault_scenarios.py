@@ -3,7 +3,8 @@
 Each scenario runs the real processes as children, injects one fault in the middle of a replay and
 checks the output topics against the offline evaluator: the same first flags, and every command of
 the default policy committed exactly once. One module, because ``tests/test_faults.py`` and
-``bench/faults.py`` share it; a scenario fails unless its fault landed. Details: docs/module-notes.md.
+``bench/faults.py`` share it (so it lives in the package, importable by both); a scenario fails
+unless its fault landed. Details: docs/module-notes.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -61,8 +61,10 @@ from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.topics import create_topics
 from straggler.replay import read_topic, start_cli, stop_child
 from straggler.simulation import JobSimulation, recorded_steps, run_closed_loop
+from straggler.traces.small_jobs import make_job
 
 REPO = Path(__file__).resolve().parents[1]
+"""The checkout the scenarios start their child processes in (the package is installed editable)."""
 CHECKPOINT_SECONDS = 10.0
 """`make_job`'s checkpoint interval (the mitigator's horizon)."""
 POLICY = DEFAULT_POLICY
@@ -167,12 +169,8 @@ class Sizes:
 
 
 def make_traces(sizes: Sizes, tag: str) -> list[JobTrace]:
-    """Small synthetic jobs (`tests/jobs_for_tests.make_job`), with stragglers and a slow machine group."""
-    tests_dir = str(REPO / "tests")
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    from jobs_for_tests import make_job
-
+    """Small synthetic jobs (`straggler.traces.small_jobs.make_job`), with stragglers and a slow machine
+    group."""
     return [
         make_job(
             sizes.tasks + 50 * (i % 3),

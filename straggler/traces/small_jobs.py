@@ -1,4 +1,5 @@
-"""Small hand-built `JobTrace`s for core tests (no loader involved)."""
+"""Small hand-built `JobTrace`s (no loader involved): the jobs of the tests and of the fault scenarios
+(`straggler.fault_scenarios`), with a visible latency signal and, on request, a slow machine group."""
 
 from __future__ import annotations
 
