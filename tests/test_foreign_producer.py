@@ -207,7 +207,7 @@ def test_kcat_jobs_are_all_predicted_by_two_workers_without_dead_letters(
 
     def worker(n: int) -> list[str]:
         datadir = str(logs / f"faust-{n}")
-        return ["worker", *common, "--datadir", datadir, "--live-interval", "2", "--pending-grace", "5"]
+        return ["worker", *common, "--datadir", datadir, "--live-interval", "2", "--pending-grace", "30"]
 
     mitigator = ["mitigate", *common, "--policy", "unlimited", "--group", f"{topics.prefix}mitigation"]
     group = app_id(WorkerSettings(bootstrap=kafka_bootstrap, topics=topics))
