@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -226,6 +227,8 @@ class MitigationConsumer:
         state = self._state
         before = (state.predictions, state.checkpoints, state.commands, state.dead_letters)
         produced: list[Output] = []
+        caused_at: list[float] = []
+        """Per command, the produce time of the record that caused it (for the latency metric)."""
         producer.begin_transaction()
         try:
             for message in records:
@@ -237,6 +240,10 @@ class MitigationConsumer:
                     message.key(),
                 )
                 produced += outputs
+                commands = sum(isinstance(output, RelaunchCommand) for output in outputs)
+                kind, stamp = message.timestamp()
+                if commands and kind != TIMESTAMP_NOT_AVAILABLE:
+                    caused_at += [stamp / 1000.0] * commands
                 for output in outputs:
                     if isinstance(output, RelaunchCommand):
                         self._produce(producer, self.topics.commands, output.job_id.encode(), encode(output))
@@ -267,6 +274,7 @@ class MitigationConsumer:
         stats.commands += state.commands - before[2]
         stats.dead_letters += state.dead_letters - before[3]
         self.metrics.committed(produced, len(state.active_jobs))
+        self.metrics.commands_committed(time.time(), caused_at)
         log.debug(
             "transaction %d: %d records, %d commands, %d dead letters",
             stats.transactions,

@@ -165,6 +165,10 @@ def test_the_mitigator_counts_races_won_and_lost_by_their_copies() -> None:
     consumer.metrics.committed([command("c", "kill", 0)], jobs=1)  # no copy of c: not a race
     races = _samples(consumer.metrics.registry)["straggler_mitigator_races_total"]
     assert races == {(("outcome", "copy_won"),): 1.0, (("outcome", "copy_lost"),): 1.0}
+    consumer.metrics.commands_committed(100.0, [99.5, 99.9])
+    latency = _samples(consumer.metrics.registry)
+    assert latency["straggler_mitigator_command_latency_seconds_count"][()] == 2.0
+    assert latency["straggler_mitigator_command_latency_seconds_sum"][()] == pytest.approx(0.6)
 
 
 def test_metrics_endpoints_are_off_unless_a_port_is_given() -> None:
@@ -366,6 +370,8 @@ def test_worker_and_mitigator_metrics_after_a_replay(kafka_bootstrap: str, tmp_p
     assert all(by_action[c.action] >= 1 for c in commands)
     assert _total(m, "straggler_mitigator_dead_letters_total") == 0  # the bad record's topic is the agent's
     assert _total(m, "straggler_mitigator_transactions_total") >= 1
+    assert _total(m, "straggler_mitigator_command_latency_seconds_count") == len(commands)
+    assert 0 < _total(m, "straggler_mitigator_command_latency_seconds_sum") < 60 * len(commands)
     assert _total(m, "straggler_mitigator_transaction_aborts_total") == 0
     assert _total(m, "straggler_mitigator_watchdog_restarts_total") == 0
     # and the dashboard reads only what the live endpoints serve
