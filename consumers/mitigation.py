@@ -241,9 +241,10 @@ class MitigationConsumer:
                 )
                 produced += outputs
                 commands = sum(isinstance(output, RelaunchCommand) for output in outputs)
-                kind, stamp = message.timestamp()
-                if commands and kind != TIMESTAMP_NOT_AVAILABLE:
-                    caused_at += [stamp / 1000.0] * commands
+                if commands:
+                    kind, stamp = message.timestamp()
+                    if kind != TIMESTAMP_NOT_AVAILABLE:
+                        caused_at += [stamp / 1000.0] * commands
                 for output in outputs:
                     if isinstance(output, RelaunchCommand):
                         self._produce(producer, self.topics.commands, output.job_id.encode(), encode(output))
