@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -22,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import orjson
 import pytest
@@ -713,21 +715,38 @@ def _mid_stream(
     return MidStream(topics, stream, len(stream.events) * 3 // 5, expected, command)
 
 
+_STDERR: dict[int, IO[str]] = {}
+"""Each started CLI's stderr, by pid: a file, not a pipe, since a pipe nobody reads while the process
+runs fills up with its log lines (one per command) and blocks it."""
+
+
+def _start_cli(command: list[str]) -> subprocess.Popen[str]:
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - kept open while the process runs; closed with the test process
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+    _STDERR[process.pid] = log
+    return process
+
+
+def _stderr(process: subprocess.Popen[str]) -> str:
+    """What ``process`` wrote to stderr so far."""
+    log = _STDERR[process.pid]
+    log.seek(0)
+    return log.read()
+
+
 def _start_then_wait_for_a_command(bootstrap: str, run: MidStream) -> subprocess.Popen[str]:
     """Produce the stream's first ``head`` events, start the CLI, return once a command is committed.
 
     The rest of the stream is produced only after the caller has stopped this instance, so the stop
     lands mid-stream whatever the machine's speed."""
     produce_stream(bootstrap, run.topics, run.before_stop)
-    process = subprocess.Popen(
-        run.command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    process = _start_cli(run.command)
     deadline = time.monotonic() + 120
     while not committed_commands(bootstrap, run.topics):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            _, err = process.communicate(timeout=30)
-            raise AssertionError(f"no command was committed; stderr: {err}")
+            process.communicate(timeout=30)
+            raise AssertionError(f"no command was committed; stderr: {_stderr(process)}")
         time.sleep(0.2)
     return process
 
@@ -736,9 +755,7 @@ def _resume(bootstrap: str, run: MidStream) -> dict[str, int]:
     """Produce the rest of the stream and run a new instance until its group has committed all the input
     (then SIGTERM: it commits and leaves); return its stats."""
     produce_stream(bootstrap, run.topics, run.after_stop)
-    resumed = subprocess.Popen(
-        run.command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    resumed = _start_cli(run.command)
     group = run.command[run.command.index("--group") + 1]
     try:
         _wait_for(
@@ -746,8 +763,8 @@ def _resume(bootstrap: str, run: MidStream) -> dict[str, int]:
         )
     finally:
         resumed.send_signal(signal.SIGTERM)
-        out, err = resumed.communicate(timeout=60)
-    assert resumed.returncode == 0, err
+        out, _ = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, _stderr(resumed)
     stats: dict[str, int] = orjson.loads(out.strip().splitlines()[-1])
     return stats
 
@@ -779,8 +796,8 @@ def test_sigterm_commits_and_leaves_then_a_restart_carries_on(
 
     first = _start_then_wait_for_a_command(kafka_bootstrap, run)
     first.send_signal(signal.SIGTERM)
-    out, err = first.communicate(timeout=60)
-    assert first.returncode == 0, err
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 0, _stderr(first)
     stopped = orjson.loads(out.strip().splitlines()[-1])
     assert len(committed_commands(kafka_bootstrap, run.topics)) == stopped["commands"]
     resumed = _resume(kafka_bootstrap, run)
@@ -851,11 +868,11 @@ def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
         # the new consumer's endpoint carries on the supervisor's restart count
         _wait_for(lambda: _restarts_served(port) >= 1, "the restart on the metrics endpoint", 30)
         supervisor.send_signal(signal.SIGTERM)
-        out, err = supervisor.communicate(timeout=60)
+        out, _ = supervisor.communicate(timeout=60)
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
-    assert supervisor.returncode == 0, err
+    assert supervisor.returncode == 0, _stderr(supervisor)
     # at least the stuck one; a loaded machine may add a spurious restart, which is harmless by design
     assert orjson.loads(out.strip().splitlines()[-1])["watchdog_restarts"] >= 1
     assert_committed_once(kafka_bootstrap, run.topics, run.expected)
