@@ -48,6 +48,7 @@ fi
 echo "== compose-check: $("${compose[@]}" version 2>/dev/null | head -1)"
 
 # 4. The replay: everything but the monitoring profile, until the replayer exits.
+"${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true  # what a killed earlier run left: its broker's data too
 "${compose[@]}" up -d --no-build
 replayer=$("${compose[@]}" ps -q replayer)
 status=$(timeout "$REPLAY_TIMEOUT_S" docker wait "$replayer") || { echo "error: the replayer ran longer than ${REPLAY_TIMEOUT_S} s" >&2; exit 1; }

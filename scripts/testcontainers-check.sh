@@ -4,7 +4,8 @@
 # Needs an engine answering (CI runs this under scripts/with-docker.sh) and the broker image
 # (scripts/build-local-images.sh: pulled, found or built). Ryuk, testcontainers' reaper, is used when
 # its image can be had; where it cannot, it is disabled and the fixture's own `with` removes its
-# containers; any left over (a killed run) are removed here and fail the run.
+# containers. Containers an earlier, killed run left behind (the engine keeps them across restarts)
+# are removed first; any this run leaves are removed after it and fail it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,13 @@ else
     export TESTCONTAINERS_RYUK_DISABLED=true
 fi
 
+leftovers() { docker ps -aq --filter label=org.testcontainers.session-id; }
+earlier=$(leftovers)
+if [ -n "$earlier" ]; then
+    echo "== testcontainers: removing $(echo "$earlier" | wc -l) container(s) an earlier run left"
+    docker rm -f $earlier >/dev/null
+fi
+
 status=0
 unset KAFKA_BOOTSTRAP_SERVERS  # the fixture's first choice: it would bypass the container
 # As scripts/test.sh runs pytest (its lint and type checks are not repeated): two xdist workers,
@@ -24,9 +32,11 @@ unset KAFKA_BOOTSTRAP_SERVERS  # the fixture's first choice: it would bypass the
 workers=$(nproc 2>/dev/null || echo 1)
 .venv/bin/pytest -n "$((workers < 2 ? workers : 2))" --dist loadgroup -m broker "$@" || status=$?
 
-left=$(docker ps -aq --filter label=org.testcontainers.session-id)
+left=$(leftovers)
 if [ -n "$left" ]; then
     echo "error: testcontainers left $(echo "$left" | wc -l) container(s); removing them" >&2
+    docker ps -a --filter label=org.testcontainers.session-id \
+        --format '  {{.ID}} {{.Image}} {{.Status}} created {{.CreatedAt}} ports {{.Ports}}' >&2
     docker rm -f $left >/dev/null
     status=1
 fi
