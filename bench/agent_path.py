@@ -4,7 +4,8 @@ The records are the replayer's own (`TraceReplayer` encodes synthetic jobs of 1,
 stages are the calls `pipeline.handler` makes for them: decode and check a record, apply its
 observations to the job, write the job's changed task rows, the model (`JobStore.evaluate`'s steps), and
 build a checkpoint's prediction parts. Each repetition runs on fresh tables; the digest of every
-record written (prediction parts, task rows) must not change when the path gets cheaper.
+record written (prediction parts, task rows) must not change when the path gets cheaper: it is the
+worker's decision hash (the task rows of a job are deleted when it ends, so the parts decide it).
 
     .venv/bin/python bench/agent_path.py [--jobs 2] [--repeat 3] [--method nurd]
 """
@@ -88,7 +89,7 @@ def run_once(records: Sequence[InputRecord], method: str) -> tuple[dict[str, flo
         t1 = clock()
         seconds["decode"] += t1 - t0
         if isinstance(event, JobEvent):
-            handler._apply_job_event(event)
+            list(handler._apply_job_event(event))  # a generator: its actions (none without a broker)
         elif isinstance(event, TaskObservations):
             observed += len(event.observations)
             handler._apply_tasks(event)
