@@ -1,7 +1,7 @@
 """Each job's `OnlineJob`, kept in Faust tables so a restarted or rebalanced worker gets it back.
 
 Tables ``tasks`` (task changes, one row per checkpoint: `JobStore.hold`), ``jobs`` (one row per
-job: a checkpoint's commit record) and ``models`` (each refit's method as data, `pipeline.model_codec`,
+job: a checkpoint's commit record) and ``models`` (each refit's method as data, `straggler.core.model_codec`,
 never a pickle), all written on the job's own changelog partition; in-memory `OnlineJob`s are a
 cache rebuilt from them.
 A killed worker can leave any subset of a checkpoint's writes; the order in which the worker makes
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.model_codec import ModelRecordError, decode_model, encode_model
 from schemas import nan_to_none, none_to_nan
 from straggler.core.jobstate import TaskRecord, TaskStatus
 from straggler.core.method import StragglerMethod
+from straggler.core.model_codec import ModelRecordError, decode_model, encode_model
 from straggler.core.online import Decision, OnlineJob
 
 SEPARATOR = "\x1f"

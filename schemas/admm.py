@@ -1,4 +1,4 @@
-"""The ADMM exchange record: one node's consensus-round message, as `pipeline.admm_exchange` sends it.
+"""The ADMM exchange record: one node's consensus-round message, as `straggler.kafka.admm_exchange` sends it.
 
 Not a JSON event: the value is the message vector as raw little-endian float64 (exactly ``dim * 8``
 bytes), and the headers carry the schema name, its version, the run id, the node id and the round.

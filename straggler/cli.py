@@ -136,8 +136,8 @@ def _train(args: argparse.Namespace) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     else:
-        from pipeline.admm_exchange import kafka_exchange
         from straggler.core.admm import Admm
+        from straggler.kafka.admm_exchange import kafka_exchange
         from straggler.kafka.names import TopicNames
 
         if not isinstance(method, Admm):

@@ -294,7 +294,7 @@ def _exchange_records(bootstrap: str, topic: str, timeout: float = 30.0) -> list
 
 @pytest.mark.broker
 def test_kafka_exchange_matches_the_in_process_run(kafka_bootstrap: str, fresh_topic_prefix: str) -> None:
-    from pipeline.admm_exchange import run_kafka_consensus
+    from straggler.kafka.admm_exchange import run_kafka_consensus
 
     nodes = node_sets(seed=2, nodes=3)  # 4 nodes, one without rows
     expected, in_process = fit_consensus(nodes, rounds=40)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from pipeline.jobstore import JobStore, model_key, new_online_job
-from pipeline.model_codec import decode_model
 from straggler.core.jobtrace import JobTrace
+from straggler.core.model_codec import decode_model
 from straggler.core.nurd import make_nurd
 from straggler.core.online import Decision
 from straggler.simulation import JobSimulation, observe_step, steps

@@ -52,9 +52,9 @@ def test_end_offsets_come_from_one_request_and_a_partition_without_an_answer_is_
 
 
 def test_the_admm_exchange_asks_its_new_topics_end_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`pipeline.admm_exchange` reads the end of a topic it has just created: it must wait out the
+    """`straggler.kafka.admm_exchange` reads the end of a topic it has just created: it must wait out the
     election too (it once asked once, and failed with NOT_LEADER_FOR_PARTITION under load)."""
-    import pipeline.admm_exchange as exchange
+    import straggler.kafka.admm_exchange as exchange
 
     class Refusing(_RefusingConsumer):
         def __init__(self, config: object) -> None:

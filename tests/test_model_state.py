@@ -22,10 +22,10 @@ import orjson
 import pytest
 from job_steps import each_checkpoint
 
-from pipeline.model_codec import FORMAT, ModelRecordError, decode_model, encode_model
 from straggler.core.admm import Admm
 from straggler.core.jobtrace import JobTrace
 from straggler.core.method import StragglerMethod
+from straggler.core.model_codec import FORMAT, ModelRecordError, decode_model, encode_model
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method, online_method_names
 from straggler.core.start import StartMethod

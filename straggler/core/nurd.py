@@ -660,7 +660,7 @@ class Nurd(StragglerMethod):
 
     def get_params(self) -> dict[str, Any]:
         """The parameters as plain data, each part as its class name and its own parameters (what a
-        stored model row is compared with, `pipeline.model_codec`)."""
+        stored model row is compared with, `straggler.core.model_codec`)."""
         return {
             "regressor": _described(self.regressor),
             "weighting": _described(self.weighting),

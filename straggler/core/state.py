@@ -3,7 +3,7 @@
 A method's `StragglerMethod.get_state` returns a dict whose values are *state values*: None, bool,
 int, float, str, bytes, numpy arrays of a non-object dtype, and lists, tuples and str-keyed dicts of
 those. Nothing in it names a class or a function, so reading it back cannot run code; the codec that
-turns it into bytes (`pipeline.model_codec`) knows these types and no others.
+turns it into bytes (`straggler.core.model_codec`) knows these types and no others.
 
 Fitted library models are converted by the helpers here, each into the library's own non-executable
 form: XGBoost boosters to XGBoost's UBJSON model format (``Booster.save_raw("ubj")``), scikit-learn

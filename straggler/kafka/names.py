@@ -43,7 +43,7 @@ class TopicNames:
     @property
     def admm_exchange(self) -> str:
         """ADMM's consensus rounds (``straggler train --method admm --bootstrap``): one partition, made
-        by ``pipeline.admm_exchange`` on first use, so not among the pipeline's topics in ``all()``."""
+        by ``straggler.kafka.admm_exchange`` on first use, so not among the pipeline's topics in ``all()``."""
         return self.prefix + "admm-exchange"
 
     @property
