@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.admm_online import ConsensusRecord, OnlineAdmm, RoundMessage, table_changelog
+from pipeline.admm_online import table_changelog
 from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
 from schemas import CheckpointEvaluated, decode_each
@@ -26,6 +26,7 @@ from straggler.core.admm import (
     partition_datasets,
     standardiser_from_moments,
 )
+from straggler.core.admm_online import ConsensusRecord, OnlineAdmm, RoundMessage
 from straggler.core.partitioner import partition_of
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import DEFAULT_PARTITIONS, create_topics
@@ -155,8 +156,8 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
 def test_a_job_predicts_with_the_latest_consensus_and_no_straggler_before_round_1() -> None:
     from scipy import special
 
-    from pipeline.admm_online import use_consensus
     from straggler.core.admm import Admm
+    from straggler.core.admm_online import use_consensus
     from straggler.core.method import CheckpointData
 
     X = np.array([[0.0, 1.0], [3.0, -1.0], [-2.0, 0.5]])
