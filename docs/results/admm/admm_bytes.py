@@ -4,7 +4,7 @@ All jobs of the trace form one training window; each job's finished tasks go to 
 (murmur2 of the job id, 8 partitions by default), exactly as `Admm.fit_population` builds its nodes.
 The script runs consensus ADMM in-process (the method's defaults: rho = lambda = 1, Boyd residual
 tolerances 1e-4 abs / 1e-3 rel, at most 200 rounds), then the same rounds over Kafka
-(`pipeline.admm_exchange.run_kafka_consensus`, on ``--bootstrap`` or an embedded broker bound to
+(`straggler.kafka.admm_exchange.run_kafka_consensus`, on ``--bootstrap`` or an embedded broker bound to
 127.0.0.1), and reports rounds, bytes and the largest weight difference between the two runs and
 against the centralised solution. Run from the repository root:
 
@@ -83,7 +83,7 @@ def main() -> int:
     ]
 
     if not args.no_kafka:
-        from pipeline.admm_exchange import run_kafka_consensus
+        from straggler.kafka.admm_exchange import run_kafka_consensus
         from straggler.kafka.embedded import embedded_kafka
         from straggler.kafka.names import TopicNames
 
