@@ -5,7 +5,8 @@ worker and the mitigation consumer as subprocesses, the replay at a constant spe
 ``--rate`` task observations per second (the trace's own shape: the jobs start together, so most
 observations come in a burst far above the mean; the run prints its peak), or with ``--pace steady``
 at that rate every second (which crosses the trace's quiet tail fast: a storm of boundaries).
-Memory: per tracked task (tracemalloc) and the worker's VmRSS. Method: docs/module-notes.md.
+Memory: per tracked task (tracemalloc) and the worker's VmRSS. Method: docs/performance.md, "How to run
+each benchmark".
 
     .venv/bin/python bench/latency.py [--quick] [--json runs/bench/latency.json] [--bootstrap B]
 """

@@ -2,7 +2,7 @@
 
 Drivers ``nurd``, ``nurd-warm``, ``nurd-every`` and ``reference`` (the paper's scikit-learn models
 refitted at every checkpoint, `bench/reference.py`) run on the same synthetic jobs; the headline
-``speedup`` is reference / nurd-warm. Method: docs/module-notes.md.
+``speedup`` is reference / nurd-warm. Method: docs/performance.md, "How to run each benchmark".
 
     .venv/bin/python bench/model_cost.py [--quick] [--json runs/bench/model_cost.json]
 """

@@ -2,7 +2,7 @@
 
 A raw consumer that only decodes is the ceiling of one Python process; the ratio says how much of it
 the pipeline keeps. Both read the same synthetic replay, produced before either starts.
-Method: docs/module-notes.md.
+Method: docs/performance.md, "How to run each benchmark".
 
     .venv/bin/python bench/throughput.py [--quick] [--json runs/bench/throughput.json] [--bootstrap B]
 """

@@ -1,11 +1,13 @@
 """The live view's pure core: a fold from decoded pipeline events to a JSON-ready summary.
 
 `LiveViewState.apply` keeps, per job, its tasks' state, predictions and commands; `summary` renders
-what the page shows. No Kafka here. The completion time saved is an estimate from the stream alone
-(a replaced task is taken to have ended at its original attempt's predicted end); ``straggler
-replay``'s report measures the true saving.
-
-How the estimate is made: docs/module-notes.md.
+what the page shows. No Kafka here. The completion time saved is an estimate from the stream alone,
+for ended jobs: a replaced task (relaunched, or its copy won) is taken to have ended at its original
+attempt's predicted end (the latest prediction on it, flagged or not: checkpoint time - elapsed +
+``adjusted_latency``), every other task at its observed finish; the saving is the latest of those
+ends minus the latest observed finish, and can be negative. A job whose replaced task has no
+predicted latency gets no estimate. ``straggler replay``'s report measures the true saving; the page:
+README.md ("Live view").
 """
 
 from __future__ import annotations

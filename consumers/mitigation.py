@@ -7,7 +7,7 @@ rebuilds the state by folding the input up to the committed offsets (`consumers.
 closed-loop driver waits until the committed offsets pass both the marker and the boundary.
 Inputs: co-partitioned, range-assigned.
 
-Details: docs/module-notes.md.
+Event-time alignment, the rebuild and deployment: docs/architecture.md, "The mitigation consumer".
 """
 
 from __future__ import annotations

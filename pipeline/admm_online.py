@@ -7,7 +7,8 @@ message to the one-partition exchange topic; the exchange agent averages a compl
 writes it, with the pooled scaler moments, to a GlobalTable, from which each job's `Admm` method
 predicts (no straggler before round 1). Node state is in memory; a stalled round is sent again.
 
-Protocol, recovery and envelopes: docs/module-notes.md.
+Protocol and recovery: docs/architecture.md, "Collaborative ADMM"; the records: docs/stream-protocol.md,
+"ADMM exchange topics".
 """
 
 from __future__ import annotations

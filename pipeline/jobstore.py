@@ -7,7 +7,7 @@ cache rebuilt from them.
 A killed worker can leave any subset of a checkpoint's writes; the order in which the worker makes
 them, and why it then recovers exactly, is `pipeline.commit_order.CommitOrder.checkpoint`.
 A rebuild trusts the job row alone: the model version it names, its flags, no flag after its last
-evaluated checkpoint. Details: docs/module-notes.md.
+evaluated checkpoint. Details: docs/architecture.md, "The worker's tables and recovery".
 """
 
 from __future__ import annotations

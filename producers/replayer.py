@@ -5,7 +5,8 @@ is also the cluster that obeys the pipeline; after each instant's boundaries it 
 markers and the mitigation consumer's committed offsets, reads the commands and applies them to its
 `JobSimulation` (`straggler.simulation`'s rules, shared with the evaluator).
 
-Event order: docs/module-notes.md.
+Event order: docs/stream-protocol.md, "What a producer sends for one job (the replayer)" and
+"Closed-loop replay".
 """
 
 from __future__ import annotations

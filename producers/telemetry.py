@@ -3,9 +3,11 @@
 `TelemetryProducer`: `start_job`, `report` (features while a task runs, its latency when it finishes),
 `end_job`. Each report is validated against its JSON Schema at once (`schemas.SchemaError`, nothing
 sent); reports leave as ``task_batch`` records per job, at most ``linger`` seconds late, keyed by job
-id with murmur2; `flush` raises `DeliveryError` for any failed delivery.
+id with murmur2 (sooner once ``max_batch`` are waiting, and at `flush`, `end_job`, `close`). Delivery is
+asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises `DeliveryError`
+carrying every failed delivery.
 
-Example and delivery details: docs/module-notes.md, README.md ("Live telemetry").
+Example: README.md ("Live telemetry"); the records: docs/stream-protocol.md.
 """
 
 from __future__ import annotations

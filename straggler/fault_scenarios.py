@@ -4,7 +4,7 @@ Each scenario runs the real processes as children, injects one fault in the midd
 checks the output topics against the offline evaluator: the same first flags, and every command of
 the default policy committed exactly once. One module, because ``tests/test_faults.py`` and
 ``bench/faults.py`` share it (so it lives in the package, importable by both); a scenario fails
-unless its fault landed. Details: docs/module-notes.md.
+unless its fault landed. Details and results: docs/reliability.md.
 """
 
 from __future__ import annotations

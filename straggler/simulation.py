@@ -12,7 +12,7 @@ replayer's open loop publishes; the evaluator's decisions replay it through
 `straggler.core.recorded_run`, checked equal), and the relaunch figures on open-loop flags
 (`relaunch_flagged`, the paper's Algorithms 2 and 3) run their policy on the same cluster.
 
-The rules in full, and machine time: docs/module-notes.md.
+The rules in full, and machine time: docs/architecture.md, "The cluster simulation".
 """
 
 from __future__ import annotations

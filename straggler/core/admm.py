@@ -5,7 +5,7 @@ a local step on its own finished tasks and sends only x_i + u_i; `Consensus` rep
 and the stopping rule from the messages alone, so the in-process driver (`fit_consensus`) and the Kafka
 exchange compute bit-identical weights. numpy/scipy only, no Kafka.
 
-The equations and the stopping rule: docs/module-notes.md.
+The equations and the stopping rule: docs/architecture.md, "Collaborative ADMM".
 """
 
 from __future__ import annotations

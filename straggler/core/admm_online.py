@@ -2,7 +2,8 @@
 consensus records (their wire form), each node's state and step, and the exchange's averaging.
 
 The math is `straggler.core.admm`; `pipeline.admm_online` runs these steps on Faust's timer and
-agent (``straggler worker --admm-interval``). Protocol, recovery and envelopes: docs/module-notes.md.
+agent (``straggler worker --admm-interval``). Protocol and recovery: docs/architecture.md, "Collaborative
+ADMM"; the records: docs/stream-protocol.md, "ADMM exchange topics".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each sees exactly what NURD sees (`CheckpointData`; Wrangler is also granted the
 the job, as the paper grants it). Shared conventions: missing features are imputed with the finished
 tasks' means; latency methods fill ``latency``/``adjusted``, classifiers a ``propensity`` score (higher
 is more straggler-like); on degenerate input a method falls back to the reactive rule (``fallback_``),
-never raises. Details: docs/module-notes.md.
+never raises. Details: docs/architecture.md, "Baselines and START".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A method sees one checkpoint of one job (`CheckpointData`), never a running task
 are stored as given in ``__init__`` and learned state ends with ``_`` (as in scikit-learn). The job
 driver (`OnlineJob`) decides when to ``fit`` and ``calibrate`` and floors predictions at the elapsed
 time. Learned state round-trips as plain data (`get_state` / ``set_state``), so reading a stored model
-never runs code. Details: docs/module-notes.md.
+never runs code. Details: docs/architecture.md, "Methods and the job driver".
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Whoever can write to the ``models`` changelog chooses what a worker reads back, so a row is a NumPy
 ``.npz`` read with ``allow_pickle=False``: a JSON ``header`` (method name, parameters, `get_state`)
 and the numbered arrays it refers to. Nothing names a class or a function; `decode_model` raises
-`ModelRecordError` for anything else. The format: docs/module-notes.md.
+`ModelRecordError` for anything else. The format: docs/stream-protocol.md, "The agent's tables
+(changelog topics)".
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ backtest of w's strength (`BacktestGate`), or through a ranking calibrated on th
 (`CalibratedGate`). Each part holds and checks its own parameters; `Nurd()` is the shipped ``nurd``
 and `PRESETS` builds the variants compared with it.
 
-What each preset does and why: docs/module-notes.md (measurements: docs/results.md §8, §10).
+What each preset does and why: docs/architecture.md, "NURD" (measurements: docs/results.md §8, §10).
 """
 
 from __future__ import annotations
@@ -914,7 +914,9 @@ PRESETS: dict[str, Callable[[int], Nurd]] = {
     ),
     "nurd-warm": lambda random_state: Nurd(gate=BacktestGate(reuse_past_fits=3), random_state=random_state),
 }
-"""The compared variants by registry name, each built from its parts with a seed (docs/module-notes.md)."""
+"""The compared variants by registry name, each built from its parts with a seed.
+
+What each does: docs/architecture.md, "NURD"."""
 
 
 def make_nurd(preset: str, random_state: int = 0) -> Nurd:

@@ -4,7 +4,7 @@
 ``start_fraction`` of the tasks have finished, calibrates the method once, refits when the finished set
 has grown by ``refit_growth``, floors every predicted latency at the task's elapsed time and flags the
 tasks at or over the threshold (oracle p90, or estimated online by `straggler.core.threshold`); a
-flagged task is not evaluated again. Details: docs/module-notes.md.
+flagged task is not evaluated again. Details: docs/architecture.md, "Methods and the job driver".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ tasks at contamination 0.1 (transductive SOS, COF, SOD: cut at the finished task
 score). PyOD (extra ``outliers``) is imported at ``fit``; the stored state is the scaler and the
 population, and `set_state` refits the deterministic detector. Fallback: the reactive rule.
 
-Details: docs/module-notes.md.
+Details: docs/architecture.md, "Baselines and START".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The mitigation consumer and the offline simulation drive the same objects with t
 behave differently in the stream and in the evaluator. Here: ``unlimited`` (Algorithm 2), ``limited:M``
 (Algorithm 3) and ``mantri`` (Mantri's restart rule).
 
-The calls and the policies in full: docs/module-notes.md.
+The calls and the policies in full: docs/architecture.md, "Policies and speculation".
 """
 
 from __future__ import annotations

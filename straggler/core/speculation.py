@@ -10,7 +10,7 @@ candidates (ordered by the time a copy saves the task) that maximises ``saving /
 extra / W``, under a per-job ``budget`` and optional ``machines``; Spark's rule (`SparkRule`) is its
 floor. `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's duplicate test on the same estimates.
 
-The rule's derivation: docs/module-notes.md.
+The rule's derivation: docs/architecture.md, "Policies and speculation".
 """
 
 from __future__ import annotations

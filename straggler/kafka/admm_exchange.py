@@ -3,7 +3,8 @@
 The math lives in `straggler.core.admm`; this module only moves vectors. Each node (a thread) runs
 synchronous rounds: local step, publish x_i + u_i to the single-partition exchange topic, read every
 node's message, replay `Consensus.update`; all nodes stop at the same round with the weights of
-`fit_consensus`. Records are `schemas.admm`'s; the rounds: docs/module-notes.md.
+`fit_consensus`. Records are `schemas.admm`'s (docs/stream-protocol.md, "ADMM exchange topics"); the
+rounds: docs/architecture.md, "Collaborative ADMM".
 """
 
 from __future__ import annotations

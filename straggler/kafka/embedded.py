@@ -5,7 +5,7 @@ broker. The jars are resolved once with ``mvn`` into the user cache; a broker is
 directory, listens on 127.0.0.1 (PLAINTEXT, or SASL given a ``BrokerSecurity``) and outlives the
 process that started it until ``stop()``.
 
-The data directory and the rest: docs/module-notes.md.
+The data directory and the rest: docs/architecture.md, "The embedded broker".
 """
 
 from __future__ import annotations

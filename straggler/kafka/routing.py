@@ -6,7 +6,7 @@ record: `Process` (it is on its job's partition), `Forward` (copy it unchanged t
 consumers skip the original) or `Reject` (no key, or not the job id: dead-lettered with ``reason``,
 as the job's order is lost).
 
-Details: docs/module-notes.md.
+Details: docs/stream-protocol.md, "Records on another partition (foreign producers)".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ information: ``batch_instance``'s cpu/mem summaries cover the whole run and are 
 t are the submission-time plans and the machine's ``machine_usage`` samples taken after the instance
 started and by t (and before its end).
 
-Run selection, features and columns: docs/module-notes.md.
+Run selection, features and columns: docs/architecture.md, "Alibaba 2018".
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ its last run (SCHEDULE → FINISH); runs cut by a gap between non-consecutive pa
 scheduled, are not scored. Features come from one chronological sweep over all events of the window
 (`online_features`), so machine context includes every job.
 
-How events become tasks, and the counts: docs/module-notes.md.
+How events become tasks: docs/architecture.md, "Google 2011 task events".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A trace loader feeds `OnlineFeatureLog` with events in trace-time order; it reco
 as a step ``(key, time, value after)``, and `OnlineFeatures.at` reads, per step log, the last change
 strictly before t: an event at exactly t is never visible at t.
 
-Feature definitions: docs/module-notes.md.
+Feature definitions: docs/architecture.md, "Online features from the event stream".
 """
 
 from __future__ import annotations

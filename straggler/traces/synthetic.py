@@ -6,7 +6,7 @@ benchmarks know why each task straggled. Latency is work / speed integrated over
 features to a different degree, and the features are the usage windows reported by t
 (`straggler.traces.usage`), never elapsed time or progress.
 
-The model, its causes and their visibility: docs/module-notes.md.
+The model, its causes and their visibility: docs/architecture.md, "Synthetic jobs".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A usage feature at t is the time-weighted mean of the windows of the task's last
 (ended at or before t; an open window is never used); ``evictions`` and ``failures`` count events
 strictly before t. The synthetic traces use the same machinery, so both obey one honesty rule.
 
-Details and the expected layout: docs/module-notes.md.
+Details and the expected layout: docs/architecture.md, "Google 2011 usage windows".
 """
 
 from __future__ import annotations

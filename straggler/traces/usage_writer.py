@@ -5,7 +5,7 @@ runs the whole `load_google2011_usage` path on data whose causes are known. Time
 (`TIME_OFFSET_US`) so that none reads as "before the trace"; an interrupted task is written as the
 Google trace would show it (its last run), an uninterrupted one exactly.
 
-Ids, columns and the restart caveat: docs/module-notes.md.
+Ids, columns and the restart caveat: docs/architecture.md, "Synthetic jobs written as a Google trace".
 """
 
 from __future__ import annotations
