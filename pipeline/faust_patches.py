@@ -17,7 +17,8 @@ fails if the Faust or mode internal it relies on changes.
    are committed anyway: after a kill those rows are lost. The flush is made to wait until empty.
 4. `keep_queued_records`: mode's ``FlowControlEvent.resume`` empties every queue it manages; right
    after a rebalance, wrong when Faust calls it again at the end of a recovery, because the cleared
-   records are then neither delivered again nor acknowledged (docs/reliability.md, fix 10).
+   records are then neither delivered again nor acknowledged (docs/reliability.md, "A recovery keeps
+   the records already fetched").
 """
 
 from __future__ import annotations

@@ -681,8 +681,9 @@ KILL_DELAYS_S = (0.0, 0.15, 0.3, 0.45)
 def worker_sigkill_repeated(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """SIGKILL the worker once per part of the replay, each time soon after it evaluates a checkpoint.
 
-    Every restart starts with a backlog, so its recovery races the fetcher (`pipeline.faust_patches`, fix 10
-    in docs/reliability.md); the last restart works the stream off to the end.
+    Every restart starts with a backlog, so its recovery races the fetcher
+    (`pipeline.faust_patches.keep_queued_records`; docs/reliability.md, "A recovery keeps the records
+    already fetched"); the last restart works the stream off to the end.
     """
     with pipeline_run("worker-kill-repeated", bootstrap, workdir, sizes) as run:
         records = run.stream()
