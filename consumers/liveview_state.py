@@ -304,7 +304,10 @@ class LiveViewState:
             },
             "timeline": {
                 "lanes": len(lanes),
-                "shown": [{"task": r["task"], "flagged_at": r["flagged_at"], "runs": r["runs"]} for r in lanes[:limit]],
+                "shown": [
+                    {"task": r["task"], "flagged_at": r["flagged_at"], "runs": r["runs"]}
+                    for r in lanes[:limit]
+                ],
             },
         }
 

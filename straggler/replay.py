@@ -373,7 +373,13 @@ def run_replay(
         )
         outputs = read_outputs(bootstrap, topics)
     summary = replay_summary(
-        traces, result, outputs, method=method, policy=policy, seed=seed, checkpoint_seconds=checkpoint_seconds
+        traces,
+        result,
+        outputs,
+        method=method,
+        policy=policy,
+        seed=seed,
+        checkpoint_seconds=checkpoint_seconds,
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "commands.jsonl").write_bytes(b"".join(encode(c) + b"\n" for c in outputs.commands))

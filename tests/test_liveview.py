@@ -147,29 +147,29 @@ def _what_the_topics_carried(bootstrap: str, topics: TopicNames) -> dict[str, _J
             except SchemaError:
                 continue
             for e in events:
-                if not hasattr(e, "job_id"):
-                    continue
-                job = jobs.setdefault(e.job_id, _JobTruth())
                 if isinstance(e, JobEvent) and e.event == "started":
+                    job = jobs.setdefault(e.job_id, _JobTruth())
                     job.started, job.expected = e.time, e.expected_tasks
-                    continue
-                task = job.tasks.setdefault(e.task_id, _TaskTruth()) if hasattr(e, "task_id") else None
-                if isinstance(e, TaskCheckpoint) and task is not None:
-                    task.machine = e.machine_id
-                    task.starts += [] if e.start_time is None else [e.start_time]
-                    if e.status == "finished" and task.finish is None:
-                        task.finish = (e.checkpoint_time, e.attempt)
-                elif isinstance(e, Prediction) and task is not None:
-                    task.flagged |= e.is_straggler
-                    if task.prediction is None or e.checkpoint_time >= task.prediction[0]:
-                        task.prediction = (e.checkpoint_time, e.adjusted_latency, e.straggle_probability)
-                elif isinstance(e, RelaunchCommand) and task is not None:
-                    job.commands += 1
-                    assert e.action in ("duplicate", "kill"), "the speculate policy copies and kills"
-                    (task.duplicates if e.action == "duplicate" else task.kills).append(
-                        (e.checkpoint_time, e.attempt)
-                    )
+                elif isinstance(e, TaskCheckpoint | Prediction | RelaunchCommand):
+                    job = jobs.setdefault(e.job_id, _JobTruth())
+                    _carried(job, job.tasks.setdefault(e.task_id, _TaskTruth()), e)
     return jobs
+
+
+def _carried(job: _JobTruth, task: _TaskTruth, e: TaskCheckpoint | Prediction | RelaunchCommand) -> None:
+    if isinstance(e, TaskCheckpoint):
+        task.machine = e.machine_id
+        task.starts += [] if e.start_time is None else [e.start_time]
+        if e.status == "finished" and task.finish is None:
+            task.finish = (e.checkpoint_time, e.attempt)
+    elif isinstance(e, Prediction):
+        task.flagged |= e.is_straggler
+        if task.prediction is None or e.checkpoint_time >= task.prediction[0]:
+            task.prediction = (e.checkpoint_time, e.adjusted_latency, e.straggle_probability)
+    else:
+        job.commands += 1
+        assert e.action in ("duplicate", "kill"), "the speculate policy copies and kills"
+        (task.duplicates if e.action == "duplicate" else task.kills).append((e.checkpoint_time, e.attempt))
 
 
 def _cells(row: _Node) -> dict[str, _Node]:
@@ -256,16 +256,16 @@ def test_the_page_shows_jobs_tasks_and_timelines_as_the_topics_and_the_replay_re
     rows = {r.attrs["data-job"]: r for r in jobs_page.by_id("jobs").find(lambda n: "data-job" in n.attrs)}
     assert set(rows) == {t.job_id for t in traces}
     for job_id, row in rows.items():
-        cells = {sorted(c.classes() - {"num"})[0]: c.all_text() for c in row.children if c.classes()}
+        text = {sorted(c.classes() - {"num"})[0]: c.all_text() for c in row.children if c.classes()}
         job_truth = carried[job_id]
         finished = sum(t.finish is not None for t in job_truth.tasks.values())
-        assert cells["progress"].startswith(f"{finished} / {job_truth.expected}")
-        assert cells["flagged"] == str(sum(t.flagged for t in job_truth.tasks.values()))
-        assert cells["commands"] == str(job_truth.commands)
-        assert cells["copies"] == str(sum(t.copy is not None for t in job_truth.tasks.values()))
+        assert text["progress"].startswith(f"{finished} / {job_truth.expected}")
+        assert text["flagged"] == str(sum(t.flagged for t in job_truth.tasks.values()))
+        assert text["commands"] == str(job_truth.commands)
+        assert text["copies"] == str(sum(t.copy is not None for t in job_truth.tasks.values()))
         won = sum(t.copy_result == "won" for t in job_truth.tasks.values())
         lost = sum(t.copy_result == "lost" for t in job_truth.tasks.values())
-        assert cells["wonlost"] == f"{won} / {lost}"
+        assert text["wonlost"] == f"{won} / {lost}"
 
     # A job's task table, sorted by elapsed time: the longest first, each row as the topics say.
     shown = _task_rows(by_elapsed)

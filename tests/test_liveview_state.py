@@ -160,7 +160,7 @@ def test_a_copy_that_wins_finishes_the_task_and_its_original_is_killed() -> None
     assert _runs(state, "b") == [(0, "original", 0.0, 24.0, "killed"), (1, "copy", 20.0, 23.0, "finished")]
     row = _job(state)
     assert (row["copies"], row["copies_won"], row["copies_lost"]) == (1, 1, 0)
-    assert row["extra_machine_seconds"] == pytest.approx(23.0 - 20.0)  # the copy's run; the original's is not extra
+    assert row["extra_machine_seconds"] == pytest.approx(23.0 - 20.0), "the copy's run; not the original's"
     assert row["jct"] == pytest.approx(30.0)
     b = next(r for r in _detail(state)["table"]["rows"] if r["task"] == "b")
     assert (b["status"], b["copy"], b["attempts"], b["elapsed"]) == ("finished", "won", 2, 23.0)
@@ -220,7 +220,10 @@ def test_a_relaunch_replaces_the_running_attempt() -> None:
             JobEvent(job_id="j", event="ended", time=16.0),
         ]
     )
-    assert _runs(state, "b") == [(0, "original", 0.0, 8.0, "replaced"), (1, "relaunch", 8.0, 15.0, "finished")]
+    assert _runs(state, "b") == [
+        (0, "original", 0.0, 8.0, "replaced"),
+        (1, "relaunch", 8.0, 15.0, "finished"),
+    ]
     row = _job(state)
     assert (row["copies"], row["extra_machine_seconds"], row["jct"]) == (0, pytest.approx(7.0), 15.0)
 
@@ -350,7 +353,8 @@ def test_the_service_serves_a_self_contained_page_the_summary_and_a_job() -> Non
 
     page, answers = asyncio.run(fetch())
     assert "/api/summary" in page and "/api/job/" in page and "<script>" in page
-    assert not re.search(r"""(src|href)\s*=\s*["']|https?://|@import""", page), "no external asset: works offline"
+    external = re.search(r"""(src|href)\s*=\s*["']|https?://|@import""", page)
+    assert external is None, "no external asset: works offline"
     status, summary = answers["/api/summary"]
     assert status == 200 and [(row["job_id"], row["expected"]) for row in summary["jobs"]] == [("j", 5)]
     assert summary["reader"] == {"records": 0, "assigned": False}
