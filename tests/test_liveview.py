@@ -18,7 +18,7 @@ import pytest
 from schemas import JobEvent, Prediction, RelaunchCommand, SchemaError, TaskCheckpoint, decode_each
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
-from straggler.liveview_run import chromium, dump_dom, pipeline_and_view, wait_for
+from straggler.liveview_run import browse, chromium, dump_dom, pipeline_and_view, wait_for
 from straggler.replay import closed_loop_replay, read_outputs, read_topic, replay_summary
 from straggler.traces.small_jobs import make_job
 
@@ -29,6 +29,15 @@ INTERVAL = 4.0
 ROWS = 50
 """Task rows and timeline lanes the page asks for."""
 VOID = {"meta", "input", "br", "img", "link", "hr", "wbr", "col", "source"}
+CLICK = """const settled = () => document.body.dataset.rendered === location.search;
+const click = async (selector, expect) => {
+  document.querySelector(selector).click();
+  await until(() => location.search.includes(expect) && settled());
+};
+"""
+"""Prefix of the steps `browse` runs: ``click`` clicks an element, then waits until the URL has
+``expect`` and the page has rendered what that URL asks for."""
+DOM = "return document.documentElement.outerHTML;"
 
 
 def _free_port() -> int:
@@ -89,9 +98,36 @@ class _Tree(HTMLParser):
 
 
 def _page(port: int, query: str = "") -> _Node:
-    page = _Tree(dump_dom(f"http://127.0.0.1:{port}/{query}")).root
+    """The page at ``/QUERY`` as ``chromium --dump-dom`` shows it."""
+    return _checked(dump_dom(f"http://127.0.0.1:{port}/{query}"))
+
+
+def _checked(html: str) -> _Node:
+    page = _Tree(html).root
     assert "stale" not in page.by_id("status").classes(), page.by_id("status").all_text()
     return page
+
+
+def _clicked_through(port: int, job: str) -> list[_Node]:
+    """The page after each of these clicks (real ones, in a browser): the job's link; the straggle
+    probability column's heading twice (descending, then ascending) and the "flagged" filter; the
+    "copied" filter and the task column's heading; "t1" typed in the search box and "finished"."""
+    steps = [
+        f"""await until(() => document.querySelector('tr[data-job="{job}"] a'));
+        await click('tr[data-job="{job}"] a', 'job={job}');""",
+        """await click('th[data-sort="probability"] a', 'sort=probability&order=desc');
+        await click('th[data-sort="probability"] a', 'sort=probability&order=asc');
+        await click('a[data-show="flagged"]', 'show=flagged');""",
+        """await click('a[data-show="copied"]', 'show=copied');
+        await click('th[data-sort="task"] a', 'sort=task&order=asc');""",
+        """const box = document.getElementById("search");
+        box.value = "t1";
+        box.dispatchEvent(new Event("input"));
+        await until(() => location.search.includes("q=t1") && settled());
+        await click('a[data-show="finished"]', 'show=finished');""",
+    ]
+    pages = browse(f"http://127.0.0.1:{port}/", [CLICK + step + DOM for step in steps])
+    return [_checked(html) for html in pages]
 
 
 @dataclass
@@ -234,9 +270,7 @@ def test_the_page_shows_jobs_tasks_and_timelines_as_the_topics_and_the_replay_re
         job = "view-a"
         truth = carried[job]
         by_elapsed = _page(port, f"?job={job}&sort=elapsed&order=desc")
-        by_probability = _page(port, f"?job={job}&sort=probability&order=asc&show=flagged")
-        copied = _page(port, f"?job={job}&show=copied&sort=task&order=asc")
-        searched = _page(port, f"?job={job}&q=t1&show=finished&sort=task&order=asc")
+        opened, by_probability, copied, searched = _clicked_through(port, job)
 
     # Across jobs: the figures straggler replay's summary.json reports for the same run.
     figures = _figures(jobs_page)
@@ -284,15 +318,23 @@ def test_the_page_shows_jobs_tasks_and_timelines_as_the_topics_and_the_replay_re
         assert _value(cells["probability"]) == pytest.approx(task.prediction[2])
     more = by_elapsed.by_id("tasks-more").all_text()
     assert more.startswith(f"{len(truth.tasks) - ROWS} more"), "the rows left out are counted"
+    assert [task for task, _ in _task_rows(opened)] == expected_order, "a click opens the same view"
 
     # Filtered to the flagged tasks, sorted by straggle probability, lowest first.
     flagged = _task_rows(by_probability)
     flagged_truth = {task for task, t in truth.tasks.items() if t.flagged}
     assert 0 < len(flagged_truth) <= ROWS
     assert {task for task, _ in flagged} == flagged_truth
-    probabilities = [_value(cells["probability"]) for _, cells in flagged]
-    present = [p for p in probabilities if p is not None]
-    assert present == sorted(present) and probabilities[: len(present)] == present, "missing ones last"
+
+    def probability(task: str) -> float | None:
+        judged = truth.tasks[task].prediction
+        return None if judged is None else judged[2]
+
+    with_one = sorted((p, task) for task in flagged_truth if (p := probability(task)) is not None)
+    without = sorted(task for task in flagged_truth if probability(task) is None)
+    assert [task for task, _ in flagged] == [task for _, task in with_one] + without, (
+        "ties by task, none last"
+    )
 
     # Filtered to the copied tasks, and by a search with a status.
     copied_truth = sorted(task for task, t in truth.tasks.items() if t.copy is not None)
