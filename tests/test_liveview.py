@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from schemas import JobEvent, Prediction, RelaunchCommand, SchemaError, TaskCheckpoint, decode_each
@@ -319,6 +320,12 @@ def test_the_page_shows_jobs_tasks_and_timelines_as_the_topics_and_the_replay_re
     more = by_elapsed.by_id("tasks-more").all_text()
     assert more.startswith(f"{len(truth.tasks) - ROWS} more"), "the rows left out are counted"
     assert [task for task, _ in _task_rows(opened)] == expected_order, "a click opens the same view"
+    quantiles = _figures(by_elapsed)
+    finished_elapsed = [t.elapsed for t in truth.tasks.values() if t.finish is not None]
+    assert quantiles["finished"] == len(finished_elapsed)
+    for key, value in zip(("p50", "p90", "p99"), np.percentile(finished_elapsed, [50, 90, 99]), strict=True):
+        assert quantiles[key] == pytest.approx(value), key
+    assert quantiles["max"] == pytest.approx(max(finished_elapsed))
 
     # Filtered to the flagged tasks, sorted by straggle probability, lowest first.
     flagged = _task_rows(by_probability)
