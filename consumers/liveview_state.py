@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -104,7 +104,7 @@ class _Job:
     commands_by_action: dict[str, int] = field(default_factory=dict)
     checkpoints: int = 0
     """Checkpoints the agent finished evaluating (``checkpoint_evaluated`` markers)."""
-    figures: JobFigures | None = None
+    figures: Figures | None = None
     """`job_figures` as of the latest event (None: to compute again), so a poll does not redo every
     ended job."""
 
@@ -120,44 +120,37 @@ class _Job:
         return latest if math.isfinite(latest) else self.started_at
 
 
-@dataclass
-class JobFigures:
-    """An ended job's measured figures, the ones ``straggler replay``'s summary.json also reports."""
+@dataclass(frozen=True)
+class Figures:
+    """Measured figures, the ones ``straggler replay``'s summary.json also reports: one job's, or
+    summed over jobs with ``+`` (so the totals keep no more than a job does)."""
 
-    jct: float | None
-    """Latest finish minus the job's start (None: no task finished)."""
+    jobs: int
+    jct_sum: float
+    """Sum of the completion times (latest finish minus the job's start) of ``jct_jobs`` jobs: those
+    with a finished task."""
+    jct_jobs: int
     copies: int
     copies_won: int
     extra_machine_seconds: float
     """Run time of every attempt beyond each task's first (copies, relaunches)."""
     flagged: int
 
+    def __add__(self, other: Figures) -> Figures:
+        return Figures(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Figures)))
+
+    @property
+    def mean_jct(self) -> float | None:
+        return self.jct_sum / self.jct_jobs if self.jct_jobs else None
+
     @property
     def copies_lost(self) -> int:
         return self.copies - self.copies_won
 
 
-@dataclass
-class _Totals:
-    """Figures summed over ended jobs."""
-
-    jobs: int = 0
-    jct_sum: float = 0.0
-    jct_jobs: int = 0
-    copies: int = 0
-    copies_won: int = 0
-    extra_machine_seconds: float = 0.0
-    flagged: int = 0
-
-    def add(self, f: JobFigures) -> None:
-        self.jobs += 1
-        if f.jct is not None:
-            self.jct_sum += f.jct
-            self.jct_jobs += 1
-        self.copies += f.copies
-        self.copies_won += f.copies_won
-        self.extra_machine_seconds += f.extra_machine_seconds
-        self.flagged += f.flagged
+NO_FIGURES = Figures(
+    jobs=0, jct_sum=0.0, jct_jobs=0, copies=0, copies_won=0, extra_machine_seconds=0.0, flagged=0
+)
 
 
 @dataclass
@@ -171,7 +164,8 @@ class LiveViewState:
     undecodable: int = 0
     commands_by_action: dict[str, int] = field(default_factory=dict)
     retired: set[str] = field(default_factory=set)
-    retired_totals: _Totals = field(default_factory=_Totals)
+    retired_figures: Figures = NO_FIGURES
+    """Figures of the ended jobs no longer kept in detail, summed."""
 
     def apply_all(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -220,26 +214,26 @@ class LiveViewState:
         """Drop the oldest ended jobs beyond ``keep_ended``, keeping their figures in the totals."""
         ended = sorted((j.ended_at, job_id) for job_id, j in self.jobs.items() if j.ended_at is not None)
         for _, job_id in ended[: max(0, len(ended) - self.keep_ended)]:
-            self.retired_totals.add(job_figures(self.jobs.pop(job_id)))
+            self.retired_figures += job_figures(self.jobs.pop(job_id))
             self.retired.add(job_id)
 
     def summary(self, max_jobs: int = 100) -> dict[str, Any]:
         """Totals, measured figures over ended jobs, then jobs in flight (oldest first) and ended ones
         (latest first)."""
-        ended_totals = _Totals(**vars(self.retired_totals))
+        measured = self.retired_figures
         rows = []
         for job_id, job in self.jobs.items():
             rows.append(_job_row(job_id, job))
             if job.ended_at is not None:
-                ended_totals.add(job_figures(job))
+                measured += job_figures(job)
         in_flight = sorted((r for r in rows if r["ended_at"] is None), key=_start_key)
         ended = sorted((r for r in rows if r["ended_at"] is not None), key=lambda r: -r["ended_at"])
         return {
             "totals": {
                 "jobs_in_flight": len(in_flight),
-                "jobs_ended": ended_totals.jobs,
+                "jobs_ended": measured.jobs,
                 "predictions": self.predictions,
-                "flagged_tasks": ended_totals.flagged
+                "flagged_tasks": measured.flagged
                 + sum(_flagged(j) for j in self.jobs.values() if j.ended_at is None),
                 "commands": sum(self.commands_by_action.values()),
                 "commands_by_action": dict(sorted(self.commands_by_action.items())),
@@ -247,12 +241,12 @@ class LiveViewState:
                 "undecodable": self.undecodable,
             },
             "ended": {
-                "jobs": ended_totals.jobs,
-                "mean_jct": ended_totals.jct_sum / ended_totals.jct_jobs if ended_totals.jct_jobs else None,
-                "copies": ended_totals.copies,
-                "copies_won": ended_totals.copies_won,
-                "copies_lost": ended_totals.copies - ended_totals.copies_won,
-                "extra_machine_seconds": ended_totals.extra_machine_seconds,
+                "jobs": measured.jobs,
+                "mean_jct": measured.mean_jct,
+                "copies": measured.copies,
+                "copies_won": measured.copies_won,
+                "copies_lost": measured.copies_lost,
+                "extra_machine_seconds": measured.extra_machine_seconds,
             },
             "jobs": (in_flight + ended)[:max_jobs],
         }
@@ -445,14 +439,14 @@ def _flagged(job: _Job) -> int:
     return sum(1 for t in job.tasks.values() if t.flagged_at is not None)
 
 
-def job_figures(job: _Job) -> JobFigures:
+def job_figures(job: _Job) -> Figures:
     """The job's measured figures (a run with no known end is counted up to the job's latest instant)."""
     if job.figures is None:
         job.figures = _measure(job)
     return job.figures
 
 
-def _measure(job: _Job) -> JobFigures:
+def _measure(job: _Job) -> Figures:
     now = job.now()
     ends = [t.finish[0] for t in job.tasks.values() if t.finish is not None]
     copies = won = 0
@@ -466,8 +460,11 @@ def _measure(job: _Job) -> JobFigures:
             end = run.end if run.end is not None else now
             if run.attempt > 0 and run.start is not None and end is not None:
                 extra += max(0.0, end - run.start)
-    return JobFigures(
-        jct=max(ends) - job.started_at if ends and job.started_at is not None else None,
+    jct = max(ends) - job.started_at if ends and job.started_at is not None else None
+    return Figures(
+        jobs=1,
+        jct_sum=0.0 if jct is None else jct,
+        jct_jobs=0 if jct is None else 1,
         copies=copies,
         copies_won=won,
         extra_machine_seconds=extra,
@@ -500,6 +497,6 @@ def _job_row(job_id: str, job: _Job) -> dict[str, Any]:
         "copies_won": figures.copies_won,
         "copies_lost": figures.copies_lost,
         "extra_machine_seconds": figures.extra_machine_seconds,
-        "jct": figures.jct if job.ended_at is not None else None,
+        "jct": figures.mean_jct if job.ended_at is not None else None,
         "elapsed": None if now is None or job.started_at is None else now - job.started_at,
     }
