@@ -2,8 +2,8 @@
 
 `LiveViewState.apply` keeps, per job and task, only what the topics said: each attempt's start and
 end as the task events report them, the latest prediction, and the commands issued. Everything the
-page shows is derived from those facts when asked (`summary`, `job_detail`), so the order in which
-records of different topics arrive does not matter. No Kafka here.
+page shows is derived from those facts when asked (`summary`, `job_detail`), so a command read
+before the task events it acts on counts as if read after them. No Kafka here.
 
 Only figures the stream can measure are shown: a job's completion time, copies won and lost (which
 attempt finished), machine time of attempts beyond each task's first. How long a job would have run
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
@@ -76,16 +76,6 @@ class Run:
     outcome: str
     """running, finished, killed, failed, lost (a race's loser not killed), or replaced (relaunched)."""
     killed_at: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "kind": self.kind,
-            "start": self.start,
-            "end": self.end,
-            "outcome": self.outcome,
-            "killed_at": self.killed_at,
-        }
 
 
 @dataclass
@@ -408,7 +398,7 @@ def _task_row(task_id: str, task: _Task, job: _Job, now: float | None) -> dict[s
         "machine": task.machine,
         "status": status,
         "copy": _copy_result(task, copy),
-        "runs": [r.to_json() for r in runs],
+        "runs": [asdict(r) for r in runs],
     }
 
 
