@@ -3,8 +3,9 @@
 The thin shell around `consumers.liveview_state`: a thread reads every pipeline topic from the
 beginning (``read_committed``, so aborted commands never show; its own group id, never committed, so
 it disturbs no one) and folds each decoded event into the state; an aiohttp server on ``127.0.0.1``
-serves the page (``/``, self-contained: no external assets) and the summary it polls
-(``/api/summary``).
+serves the page (``/``, self-contained: no external assets) and the JSON it polls: ``/api/summary``
+(totals, figures over ended jobs, the jobs list) and ``/api/job/<id>`` (one job's task table,
+quantiles and timeline; query ``sort``, ``order`` asc/desc, ``show``, ``q``, ``limit``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from consumers.liveview_state import LiveViewState
+from consumers.liveview_state import DEFAULT_LIMIT, LiveViewState
 from schemas import SchemaError, decode_each
 from straggler.argtypes import bootstrap_servers, non_negative_int, port, topic_prefix
 from straggler.kafka.config import consumer_config
@@ -37,6 +38,7 @@ POLL_TIMEOUT_S = 0.5
 """Longest a consume call blocks, so a stop is noticed within about this."""
 TOPIC_RETRY_S = 2.0
 """How often to look again for topics that do not exist yet."""
+NO_STORE = {"Cache-Control": "no-store"}
 
 
 class TopicReader:
@@ -65,6 +67,14 @@ class TopicReader:
             out = self.state.summary()
             out["reader"] = {"records": self.records, "assigned": self.assigned}
         out["generated_at"] = time.time()
+        return out
+
+    def job_detail(self, job_id: str, **query: Any) -> dict[str, Any] | None:
+        """`LiveViewState.job_detail` under the lock; None for a job the view does not keep."""
+        with self.lock:
+            out = self.state.job_detail(job_id, **query)
+        if out is not None:
+            out["generated_at"] = time.time()
         return out
 
     def _run(self) -> None:
@@ -114,11 +124,29 @@ def make_app(reader: TopicReader) -> web.Application:
         return web.Response(text=page, content_type="text/html")
 
     async def summary(request: web.Request) -> web.Response:
-        return web.json_response(reader.summary(), headers={"Cache-Control": "no-store"})
+        return web.json_response(reader.summary(), headers=NO_STORE)
+
+    async def job(request: web.Request) -> web.Response:
+        q = request.query
+        try:
+            detail = reader.job_detail(
+                request.match_info["job_id"],
+                sort=q.get("sort", "elapsed"),
+                descending=q.get("order", "desc") != "asc",
+                show=q.get("show", "all"),
+                search=q.get("q", ""),
+                limit=int(q.get("limit", DEFAULT_LIMIT)),
+            )
+        except ValueError as error:
+            return web.json_response({"error": str(error)}, status=400, headers=NO_STORE)
+        if detail is None:
+            return web.json_response({"error": "no such job"}, status=404, headers=NO_STORE)
+        return web.json_response(detail, headers=NO_STORE)
 
     app = web.Application()
     app.router.add_get("/", index)
     app.router.add_get("/api/summary", summary)
+    app.router.add_get("/api/job/{job_id}", job)
     return app
 
 

@@ -1,9 +1,11 @@
-"""Screenshot of the live view during a real closed-loop replay: writes docs/liveview.png.
+"""Screenshots of the live view during a real closed-loop replay: docs/liveview.png (the figures and
+the jobs list) and docs/liveview-job.png (one job's quantiles, timeline and task table).
 
 Starts an embedded broker (or uses ``--bootstrap``), the worker, the mitigation consumer and
 ``straggler view``, replays a few synthetic jobs (staggered, so some are in flight while others have
-ended) and takes the picture with headless Chromium once commands have been issued and a job is still
-running. Run from the repository root: ``python scripts/liveview_screenshot.py``.
+ended) and takes the pictures with headless Chromium once a job has ended and another is still
+running; the job shown is the one with the most copies. Run from the repository root:
+``python scripts/liveview_screenshot.py``.
 """
 
 from __future__ import annotations
@@ -54,10 +56,15 @@ def _in_flight_with_commands(summary: dict[str, Any]) -> bool:
     return bool(totals["commands"] > 0 and totals["jobs_in_flight"] > 0 and totals["jobs_ended"] > 0)
 
 
+def _most_copied(summary: dict[str, Any]) -> str:
+    return str(max(summary["jobs"], key=lambda row: (row["copies"], row["job_id"]))["job_id"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: an embedded one)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "liveview.png")
+    parser.add_argument("--job-out", type=Path, default=ROOT / "docs" / "liveview-job.png")
     parser.add_argument("--speed", type=float, default=8.0, help="replay speed (trace seconds per second)")
     args = parser.parse_args()
     with ExitStack() as stack:
@@ -82,10 +89,15 @@ def main() -> int:
                 done.set()
 
         threading.Thread(target=run, daemon=True).start()
-        wait_for(port, _in_flight_with_commands, 300.0)
+        summary = wait_for(port, _in_flight_with_commands, 300.0)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        screenshot(f"http://127.0.0.1:{port}/", args.out)
+        screenshot(f"http://127.0.0.1:{port}/", args.out, size="1280,900")
         print(f"wrote {args.out}")
+        job = _most_copied(summary)
+        screenshot(
+            f"http://127.0.0.1:{port}/?job={job}&sort=elapsed&order=desc", args.job_out, size="1280,1500"
+        )
+        print(f"wrote {args.job_out}")
         done.wait(300.0)
     return 0
 

@@ -7,9 +7,13 @@ view as child processes (as compose runs them), the trace replayed in-process wi
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
+import re
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from straggler.kafka.names import TopicNames
 from straggler.replay import child_process, pipeline_processes
@@ -63,6 +69,103 @@ def screenshot(url: str, path: Path, size: str = "1280,800", budget_ms: int = 50
         ],
         60.0,
     )
+
+
+UNTIL = """(check, ms = 10000) => new Promise((resolve, reject) => {
+  const start = Date.now();
+  const look = () => {
+    const found = check();
+    if (found) resolve(found);
+    else if (Date.now() - start > ms) reject(new Error("not there in " + ms + " ms: " + check));
+    else setTimeout(look, 50);
+  };
+  look();
+})"""
+"""``until(check, ms)``, given to each step of `browse`: resolves with ``check()``'s first truthy value."""
+
+
+def browse(url: str, steps: Sequence[str], timeout: float = 60.0) -> list[Any]:
+    """Open ``url`` in headless Chromium and run each step in the page, in turn, as real user code
+    would (clicks dispatch the page's own handlers): a step is the body of an async function of
+    ``until`` (see `UNTIL`); returns each step's JSON-able result. Driven over the DevTools protocol."""
+    binary = chromium()
+    if binary is None:
+        raise RuntimeError("chromium not found: run scripts/setup.sh as root, or apt-get install chromium")
+    with tempfile.TemporaryDirectory(prefix="liveview-browser-") as profile:
+        process = subprocess.Popen(
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            port = _devtools_port(Path(profile), process, timeout)
+            return asyncio.run(asyncio.wait_for(_drive(port, url, steps), timeout))
+        finally:
+            process.terminate()
+            try:
+                process.wait(10.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10.0)
+
+
+def _devtools_port(profile: Path, process: subprocess.Popen[bytes], timeout: float) -> int:
+    """The port Chromium chose, from the ``DevToolsActivePort`` file it writes in its profile."""
+    deadline = time.monotonic() + timeout
+    written = profile / "DevToolsActivePort"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"chromium exited with status {process.returncode}")
+        text = written.read_text() if written.exists() else ""
+        if re.match(r"\d+\n", text):
+            return int(text.split()[0])
+        time.sleep(0.05)
+    raise TimeoutError(f"chromium opened no DevTools port in {timeout:g} s")
+
+
+async def _drive(port: int, url: str, steps: Sequence[str]) -> list[Any]:
+    ids = itertools.count(1)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port}/json/list") as response:
+            targets = await response.json()
+        page = next(t for t in targets if t.get("type") == "page")
+        async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+
+            async def call(method: str, **params: Any) -> dict[str, Any]:
+                call_id = next(ids)
+                await ws.send_json({"id": call_id, "method": method, "params": params})
+                while True:
+                    message = await ws.receive_json()
+                    if message.get("id") == call_id:
+                        if "error" in message:
+                            raise RuntimeError(f"{method}: {message['error']}")
+                        result: dict[str, Any] = message["result"]
+                        return result
+
+            await call("Page.navigate", url=url)
+            results = []
+            for step in steps:
+                done = await call(
+                    "Runtime.evaluate",
+                    expression=f"(async (until) => {{ {step} }})({UNTIL})",
+                    awaitPromise=True,
+                    returnByValue=True,
+                )
+                if "exceptionDetails" in done:
+                    details = done["exceptionDetails"]
+                    raise RuntimeError(
+                        f"step failed: {details.get('exception', {}).get('description', details)}"
+                    )
+                results.append(done["result"].get("value"))
+            return results
 
 
 def summary(port: int) -> dict[str, Any] | None:

@@ -372,6 +372,33 @@ def run_replay(
             pipeline_check=check,
         )
         outputs = read_outputs(bootstrap, topics)
+    summary = replay_summary(
+        traces,
+        result,
+        outputs,
+        method=method,
+        policy=policy,
+        seed=seed,
+        checkpoint_seconds=checkpoint_seconds,
+    )
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "commands.jsonl").write_bytes(b"".join(encode(c) + b"\n" for c in outputs.commands))
+    (out / "report.md").write_text(_report(summary))
+    return summary
+
+
+def replay_summary(
+    traces: Sequence[JobTrace],
+    result: ReplayResult,
+    outputs: Outputs,
+    *,
+    method: str,
+    policy: str,
+    seed: int,
+    checkpoint_seconds: float,
+) -> dict[str, Any]:
+    """What ``summary.json`` holds for a closed-loop replay of ``traces`` (``result``) whose output
+    topics read back as ``outputs``."""
     accuracy = score(traces, outputs)
     latencies = decision_latencies_ms(outputs)
     outcomes = [result.outcomes[t.job_id] for t in traces]
@@ -382,13 +409,17 @@ def run_replay(
     actions: dict[str, int] = {}
     for command in outputs.commands:
         actions[command.action] = actions.get(command.action, 0) + 1
+    machine = [o.machine for o in outcomes if o.machine is not None]
     summary: dict[str, Any] = {
         "method": method,
         "policy": policy,
         "jobs": len(traces),
         "jct_reduction": jct,
+        "mean_jct_before": _finite_mean([o.jct_before for o in outcomes]),
+        "mean_jct_after": _finite_mean([o.jct_after for o in outcomes]),
         "extra_machine_time": float(np.mean([o.extra_machine_time for o in outcomes])) if outcomes else 0.0,
         **{key: cost[key] for key in ("gross_extra_machine_time", "net_extra_machine_time")},
+        "extra_machine_seconds": float(sum(m.extra_attempts for m in machine)),
         **{key: cost[key] for key in ("copies", "copies_won", "copies_lost")},
         "limit_jct_reduction": limit,
         "fraction_of_limit": jct / limit if limit > 0 else None,
@@ -402,10 +433,13 @@ def run_replay(
         "decision_latency_ms": {"p50": _percentile(latencies, 50), "p99": _percentile(latencies, 99)},
         "replay_seconds": result.wall_seconds,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "commands.jsonl").write_bytes(b"".join(encode(c) + b"\n" for c in outputs.commands))
-    (out / "report.md").write_text(_report(summary))
     return summary
+
+
+def _finite_mean(values: Sequence[float]) -> float | None:
+    """Mean of the finite ``values``; None when there is none (JSON has no NaN)."""
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
 
 
 def _report(summary: dict[str, Any]) -> str:
@@ -421,7 +455,9 @@ def _report(summary: dict[str, Any]) -> str:
         f"({summary['net_extra_machine_time']:+.1%} net of what winning copies saved; every task, scored "
         f"or not); the limit on the same jobs and draws is {summary['limit_jct_reduction']:+.1%}, so this "
         f"reaches {'n/a' if share is None else f'{share:.0%}'} of it. Copies: {summary['copies']}, "
-        f"{summary['copies_won']} won their race, {summary['copies_lost']} lost. "
+        f"{summary['copies_won']} won their race, {summary['copies_lost']} lost; attempts beyond each "
+        f"task's first ran {summary['extra_machine_seconds']:.1f} s in all. Mean completion time "
+        f"{fmt(summary['mean_jct_after'])} s ({fmt(summary['mean_jct_before'])} s as traced). "
         f"Jobs made longer: {summary['jobs_longer']}.\n\n"
         "| events produced | predictions | commands | dead letters | F1 | TPR | FPR "
         "| decision latency p50 / p99 (ms) |\n"

@@ -14,9 +14,10 @@ from aiohttp import ClientSession, web
 from stream_events import prediction
 
 from consumers.liveview import TopicReader, make_app
-from consumers.liveview_state import LiveViewState
+from consumers.liveview_state import SORT_KEYS, LiveViewState
 from schemas import (
     CheckpointEvaluated,
+    Event,
     JobEvent,
     Prediction,
     RelaunchCommand,
@@ -30,16 +31,25 @@ from straggler.cli import build_parser
 from straggler.kafka.names import TopicNames
 
 
-def _task(task: str, t: float, status: str = "running", attempt: int = 0, job: str = "j") -> TaskCheckpoint:
+def _task(
+    task: str,
+    t: float,
+    status: str = "running",
+    attempt: int = 0,
+    job: str = "j",
+    start: float = 0.0,
+    machine: str = "m",
+) -> TaskCheckpoint:
     return TaskCheckpoint(
         job_id=job,
         task_id=task,
         attempt=attempt,
         checkpoint_time=t,
         status=status,  # type: ignore[arg-type]
-        machine_id="m",
+        machine_id=machine,
         features={},
-        latency=t if status == "finished" else None,
+        latency=t - start if status == "finished" else None,
+        start_time=start,
     )
 
 
@@ -78,6 +88,18 @@ def _job(state: LiveViewState, job: str = "j") -> dict[str, Any]:
     return next(row for row in state.summary()["jobs"] if row["job_id"] == job)
 
 
+def _detail(state: LiveViewState, **query: Any) -> dict[str, Any]:
+    detail = state.job_detail("j", **query)
+    assert detail is not None
+    json.dumps(detail, allow_nan=False)  # the page parses it with JSON.parse
+    return detail
+
+
+def _runs(state: LiveViewState, task: str) -> list[tuple[int, str, float | None, float | None, str]]:
+    lane = next(lane for lane in _detail(state)["timeline"]["shown"] if lane["task"] == task)
+    return [(r["attempt"], r["kind"], r["start"], r["end"], r["outcome"]) for r in lane["runs"]]
+
+
 def test_progress_flags_and_commands_follow_the_events() -> None:
     state = LiveViewState()
     state.apply(JobEvent(job_id="j", event="started", time=0.0, expected_tasks=3))
@@ -99,71 +121,195 @@ def test_progress_flags_and_commands_follow_the_events() -> None:
     state.apply_all([duplicate, duplicate])  # a redelivery counts once
     row = _job(state)
     assert (row["status"], row["finished"], row["expected"], row["running"]) == ("running", 1, 3, 2)
-    assert row["flagged"] == ["b"]
-    assert [(c["action"], c["task_id"]) for c in row["commands"]] == [("duplicate", "b")]
-    assert row["checkpoints_evaluated"] == 1 and row["saving"] is None
+    assert (row["flagged"], row["commands"], row["copies"], row["jct"]) == (1, 1, 1, None)
+    assert row["checkpoints_evaluated"] == 1 and row["elapsed"] == pytest.approx(20.0)
     totals = state.summary()["totals"]
     assert totals["commands"] == 1 and totals["predictions"] == 2 and totals["jobs_in_flight"] == 1
-    json.dumps(state.summary(), allow_nan=False)  # the page parses it with JSON.parse
+    assert state.summary()["ended"]["jobs"] == 0, "figures over ended jobs only"
+    table = {r["task"]: r for r in _detail(state)["table"]["rows"]}
+    assert (table["b"]["predicted"], table["b"]["flagged"], table["b"]["copy"]) == (90.0, True, "racing")
+    assert (table["a"]["status"], table["a"]["elapsed"], table["a"]["attempts"]) == ("finished", 12.0, 1)
+    assert (table["c"]["status"], table["c"]["flagged"], table["b"]["attempts"]) == ("running", False, 2)
+    json.dumps(state.summary(), allow_nan=False)
 
 
-def _ended_job(copy_wins: bool, latency: float | None = 90.0) -> LiveViewState:
-    """Task b is flagged at 20 (elapsed 20, predicted latency 90: it would end at 90) and copied."""
-    state = LiveViewState()
-    state.apply(JobEvent(job_id="j", event="started", time=0.0, expected_tasks=2))
-    state.apply_all([_task("a", 30.0, "finished"), _prediction("b", 20.0, 20.0, latency)])
-    state.apply(_command("b", "duplicate", 20.0))
+def _race(copy_wins: bool, killed: bool = True) -> list[Event]:
+    """Task b (start 0) is copied at 20; the winner finishes, the loser is killed at the next checkpoint
+    (24). Task a finishes at 30 on its own."""
+    events: list[Event] = [
+        JobEvent(job_id="j", event="started", time=0.0, expected_tasks=2),
+        _task("a", 10.0),
+        _task("b", 10.0),
+        _task("a", 30.0, "finished"),
+        _prediction("b", 20.0, 20.0, 90.0),
+        _task("b", 20.0),
+        _command("b", "duplicate", 20.0),
+    ]
     if copy_wins:
-        state.apply_all([_task("b", 45.0, "finished", attempt=1), _command("b", "kill", 45.0)])
+        events += [_task("b", 23.0, "finished", attempt=1, start=20.0)]
+        events += [_command("b", "kill", 24.0, attempt=0)] if killed else []
     else:
-        state.apply(_task("b", 60.0, "finished", attempt=0))
-    state.apply(JobEvent(job_id="j", event="ended", time=60.0))
+        events += [_task("b", 22.0, "finished", attempt=0)]
+        events += [_command("b", "kill", 24.0, attempt=1)] if killed else []
+    return [*events, JobEvent(job_id="j", event="ended", time=32.0)]
+
+
+def test_a_copy_that_wins_finishes_the_task_and_its_original_is_killed() -> None:
+    state = LiveViewState()
+    state.apply_all(_race(copy_wins=True))
+    assert _runs(state, "b") == [(0, "original", 0.0, 24.0, "killed"), (1, "copy", 20.0, 23.0, "finished")]
+    row = _job(state)
+    assert (row["copies"], row["copies_won"], row["copies_lost"]) == (1, 1, 0)
+    assert row["extra_machine_seconds"] == pytest.approx(23.0 - 20.0), "the copy's run; not the original's"
+    assert row["jct"] == pytest.approx(30.0)
+    b = next(r for r in _detail(state)["table"]["rows"] if r["task"] == "b")
+    assert (b["status"], b["copy"], b["attempts"], b["elapsed"]) == ("finished", "won", 2, 23.0)
+
+
+def test_a_copy_that_loses_is_killed_or_runs_on_until_the_job_ends() -> None:
+    state = LiveViewState()
+    state.apply_all(_race(copy_wins=False))
+    assert _runs(state, "b") == [(0, "original", 0.0, 22.0, "finished"), (1, "copy", 20.0, 24.0, "killed")]
+    assert (_job(state)["copies_lost"], _job(state)["extra_machine_seconds"]) == (1, pytest.approx(4.0))
+    unkilled = LiveViewState()
+    unkilled.apply_all(_race(copy_wins=False, killed=False))
+    assert _runs(unkilled, "b")[1] == (1, "copy", 20.0, None, "lost")
+    assert _job(unkilled)["extra_machine_seconds"] == pytest.approx(32.0 - 20.0), "counted to the job's end"
+
+
+def test_the_order_records_of_different_topics_arrive_in_does_not_matter() -> None:
+    forward, backward = LiveViewState(), LiveViewState()
+    events = _race(copy_wins=True)
+    forward.apply_all(events)
+    backward.apply_all([events[0], *reversed(events[1:-1]), events[-1]])
+    assert _detail(forward) == _detail(backward)
+    assert forward.summary() == backward.summary()
+
+
+def test_a_copy_the_cluster_ignores_is_not_counted() -> None:
+    """A duplicate issued after the task finished, or a second one, starts no attempt."""
+    state = LiveViewState()
+    state.apply_all(
+        [
+            JobEvent(job_id="j", event="started", time=0.0, expected_tasks=2),
+            _task("a", 8.0, "finished"),
+            _command("a", "duplicate", 12.0),
+            _task("b", 4.0),
+            _command("b", "duplicate", 4.0),
+            _command("b", "duplicate", 8.0),
+            _task("b", 9.0, "finished"),
+            JobEvent(job_id="j", event="ended", time=12.0),
+        ]
+    )
+    row = _job(state)
+    assert (row["commands"], row["copies"], row["copies_won"], row["copies_lost"]) == (3, 1, 0, 1)
+    table = {r["task"]: r for r in _detail(state)["table"]["rows"]}
+    assert (table["a"]["attempts"], table["a"]["copy"]) == (1, None)
+    assert (table["b"]["attempts"], table["b"]["copy"]) == (2, "lost")
+
+
+def test_a_relaunch_replaces_the_running_attempt() -> None:
+    state = LiveViewState()
+    state.apply_all(
+        [
+            JobEvent(job_id="j", event="started", time=0.0, expected_tasks=1),
+            _task("b", 8.0),
+            _command("b", "relaunch", 8.0),
+            _task("b", 12.0, attempt=1, start=8.0),
+            _task("b", 15.0, "finished", attempt=1, start=8.0),
+            JobEvent(job_id="j", event="ended", time=16.0),
+        ]
+    )
+    assert _runs(state, "b") == [
+        (0, "original", 0.0, 8.0, "replaced"),
+        (1, "relaunch", 8.0, 15.0, "finished"),
+    ]
+    row = _job(state)
+    assert (row["copies"], row["extra_machine_seconds"], row["jct"]) == (0, pytest.approx(7.0), 15.0)
+
+
+def _table_job() -> LiveViewState:
+    """Five tasks: three finished (latencies 10, 30, 20), one running (flagged), one killed."""
+    state = LiveViewState()
+    state.apply(JobEvent(job_id="j", event="started", time=0.0, expected_tasks=5))
+    state.apply_all(
+        [
+            _task("t1", 10.0, "finished", machine="m1"),
+            _task("t2", 30.0, "finished", machine="m2"),
+            _task("t3", 20.0, "finished", machine="m1"),
+            _task("t4", 40.0, machine="m3"),
+            _prediction("t4", 40.0, 40.0, 80.0),
+            _task("t5", 5.0, "killed", machine="m2"),
+        ]
+    )
     return state
 
 
-def test_saving_uses_the_predicted_end_of_a_replaced_attempt() -> None:
-    saving = _job(_ended_job(copy_wins=True))["saving"]
-    assert saving["seconds"] == pytest.approx(90.0 - 45.0)
-    assert saving["jct_observed"] == pytest.approx(45.0)
-    assert saving["share"] == pytest.approx(45.0 / 90.0)
-    assert _ended_job(copy_wins=True).summary()["totals"]["saved_seconds"] == pytest.approx(45.0)
+def test_the_task_table_sorts_by_each_column_with_missing_values_last() -> None:
+    state = _table_job()
+
+    def order(sort: str, descending: bool) -> list[str]:
+        return [r["task"] for r in _detail(state, sort=sort, descending=descending)["table"]["rows"]]
+
+    assert order("elapsed", True) == ["t4", "t2", "t3", "t1", "t5"]
+    assert order("elapsed", False) == ["t5", "t1", "t3", "t2", "t4"]
+    assert order("predicted", True) == ["t4", "t1", "t2", "t3", "t5"], "no prediction: last, in task order"
+    assert order("predicted", False)[0] == "t4"
+    assert order("machine", False) == ["t1", "t3", "t2", "t5", "t4"]
+    assert order("task", True) == ["t5", "t4", "t3", "t2", "t1"]
+    for key in SORT_KEYS:
+        assert sorted(order(key, True)) == ["t1", "t2", "t3", "t4", "t5"], key
+    with pytest.raises(ValueError, match="sort key"):
+        state.job_detail("j", sort="nonsense")
 
 
-def test_the_latest_verdict_on_the_original_attempt_counts_flagged_or_not() -> None:
+def test_the_task_table_filters_by_status_and_name_and_caps_its_rows() -> None:
+    state = _table_job()
+
+    def shown(**query: Any) -> tuple[list[str], int]:
+        table = _detail(state, sort="task", descending=False, **query)["table"]
+        return [r["task"] for r in table["rows"]], table["matched"]
+
+    assert shown(show="finished") == (["t1", "t2", "t3"], 3)
+    assert shown(show="running") == (["t4"], 1)
+    assert shown(show="flagged") == (["t4"], 1)
+    assert shown(show="killed") == (["t5"], 1)
+    assert shown(show="copied") == ([], 0)
+    assert shown(search="M2") == (["t2", "t5"], 2), "case-insensitive, task or machine"
+    assert shown(show="finished", search="m1") == (["t1", "t3"], 2)
+    assert shown(limit=2) == (["t1", "t2"], 5), "matched counts the rows left out"
+    assert _detail(state)["table"]["total"] == 5
+    assert state.job_detail("nobody") is None
+
+
+def test_quantiles_are_of_the_finished_tasks_only() -> None:
+    quantiles = _detail(_table_job())["quantiles"]
+    assert quantiles["n"] == 3 and quantiles["max"] == 30.0
+    assert quantiles["p50"] == pytest.approx(20.0) and quantiles["p90"] == pytest.approx(28.0)
+    assert _detail(_table_job())["timeline"]["lanes"] == 1, "only t4 (flagged) has a lane"
+
+
+def test_ended_jobs_figures_are_summed_and_kept_when_the_job_is_dropped() -> None:
     state = LiveViewState()
-    state.apply(JobEvent(job_id="j", event="started", time=0.0, expected_tasks=1))
-    state.apply_all([_prediction("b", 20.0, 20.0, 90.0, flag=False), _command("b", "duplicate", 20.0)])
-    state.apply(_prediction("b", 40.0, 40.0, 120.0, flag=False))  # a later, better informed verdict
-    state.apply(_prediction("b", 30.0, 30.0, 70.0, flag=False))  # read late: older, ignored
-    state.apply(_prediction("b", 40.0, 20.0, 25.0, flag=False, attempt=1))  # about the copy
-    state.apply_all([_task("b", 45.0, "finished", attempt=1), JobEvent(job_id="j", event="ended", time=48.0)])
-    assert _job(state)["saving"]["seconds"] == pytest.approx(120.0 - 45.0)
-    assert _job(state)["flagged"] == []
-
-
-def test_a_replacement_slower_than_the_predicted_original_costs_time() -> None:
-    saving = _job(_ended_job(copy_wins=True, latency=40.0))["saving"]  # b would have ended at 40, not 45
-    assert saving["seconds"] == pytest.approx(40.0 - 45.0)
-
-
-def test_no_saving_when_the_original_wins_its_race() -> None:
-    assert _job(_ended_job(copy_wins=False))["saving"]["seconds"] == pytest.approx(0.0)
-
-
-def test_no_estimate_without_a_predicted_latency() -> None:
-    state = _ended_job(copy_wins=True, latency=None)
-    assert _job(state)["saving"] is None
-    assert state.summary()["totals"]["jobs_with_estimate"] == 0
-
-
-def test_old_ended_jobs_are_dropped_but_their_saving_is_kept() -> None:
-    state = _ended_job(copy_wins=True)
+    state.apply_all(_race(copy_wins=True))
+    state.apply_all(
+        [
+            JobEvent(job_id="k", event="started", time=100.0, expected_tasks=1),
+            _task("x", 150.0, "finished", job="k", start=100.0),
+            JobEvent(job_id="k", event="ended", time=150.0),
+        ]
+    )
+    ended = state.summary()["ended"]
+    assert (ended["jobs"], ended["copies"], ended["copies_won"]) == (2, 1, 1)
+    assert ended["mean_jct"] == pytest.approx((30.0 + 50.0) / 2)
     state.keep_ended = 0
-    state.apply(JobEvent(job_id="j2", event="ended", time=70.0))
+    state.apply(JobEvent(job_id="k2", event="ended", time=170.0))
     summary = state.summary()
     assert summary["jobs"] == []
-    assert summary["totals"]["jobs_ended"] == 2
-    assert summary["totals"]["saved_seconds"] == pytest.approx(45.0)
+    assert summary["ended"]["jobs"] == 3 and summary["totals"]["jobs_ended"] == 3
+    assert summary["ended"]["mean_jct"] == pytest.approx(40.0), "a job with no finish has no JCT"
+    assert summary["ended"]["extra_machine_seconds"] == pytest.approx(3.0)
+    assert summary["totals"]["flagged_tasks"] == 1
     state.apply(_task("a", 80.0, job="j"))  # a late event of a dropped job does not bring it back
     assert state.summary()["jobs"] == []
 
@@ -175,31 +321,49 @@ def test_records_round_trip_through_the_codec() -> None:
     assert _job(state)["running"] == 1
 
 
-def test_the_service_serves_a_self_contained_page_and_the_summary() -> None:
+def test_the_service_serves_a_self_contained_page_the_summary_and_a_job() -> None:
     """The aiohttp app around the fold (no broker: the reader is never started)."""
     reader = TopicReader("127.0.0.1:1", TopicNames("t."), LiveViewState())
-    reader.state.apply(JobEvent(job_id="j", event="started", time=0.0, expected_tasks=4))
+    reader.state = _table_job()
 
-    async def fetch() -> tuple[str, dict[str, Any]]:
+    async def fetch() -> tuple[str, dict[str, tuple[int, Any]]]:
         runner = web.AppRunner(make_app(reader))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
+        answers: dict[str, tuple[int, Any]] = {}
         try:
             async with ClientSession() as session:
                 async with session.get(f"http://127.0.0.1:{port}/") as response:
                     page = await response.text()
-                async with session.get(f"http://127.0.0.1:{port}/api/summary") as response:
-                    return page, await response.json()
+                for path in (
+                    "/api/summary",
+                    "/api/job/j?sort=elapsed&order=asc&show=finished&limit=2",
+                    "/api/job/j?q=m2",
+                    "/api/job/nobody",
+                    "/api/job/j?sort=nonsense",
+                    "/api/job/j?limit=x",
+                ):
+                    async with session.get(f"http://127.0.0.1:{port}{path}") as response:
+                        answers[path] = (response.status, await response.json())
+            return page, answers
         finally:
             await runner.cleanup()
 
-    page, summary = asyncio.run(fetch())
-    assert "/api/summary" in page and "<script>" in page
-    assert not re.search(r"""(src|href)\s*=|https?://|@import""", page), "no external asset: works offline"
-    assert [(row["job_id"], row["expected"]) for row in summary["jobs"]] == [("j", 4)]
+    page, answers = asyncio.run(fetch())
+    assert "/api/summary" in page and "/api/job/" in page and "<script>" in page
+    external = re.search(r"""(src|href)\s*=\s*["']|https?://|@import""", page)
+    assert external is None, "no external asset: works offline"
+    status, summary = answers["/api/summary"]
+    assert status == 200 and [(row["job_id"], row["expected"]) for row in summary["jobs"]] == [("j", 5)]
     assert summary["reader"] == {"records": 0, "assigned": False}
+    status, job = answers["/api/job/j?sort=elapsed&order=asc&show=finished&limit=2"]
+    assert status == 200 and [r["task"] for r in job["table"]["rows"]] == ["t1", "t3"]
+    assert job["table"]["matched"] == 3 and not job["table"]["descending"]
+    assert [r["task"] for r in answers["/api/job/j?q=m2"][1]["table"]["rows"]] == ["t2", "t5"]
+    assert answers["/api/job/nobody"][0] == 404
+    assert answers["/api/job/j?sort=nonsense"][0] == 400 and answers["/api/job/j?limit=x"][0] == 400
 
 
 def test_compose_serves_the_view_on_the_host_loopback_only() -> None:
