@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -23,7 +22,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import orjson
 import pytest
@@ -694,6 +692,18 @@ class MidStream:
     expected: set[str]
     """Ids of the commands the policy issues offline for the whole stream."""
     command: list[str]
+    logs: Path
+    """Where each started CLI's stderr goes: a file, not a pipe, since a pipe nobody reads while the
+    process runs fills up with its log lines (one per command) and blocks it."""
+
+    def start(self, name: str) -> subprocess.Popen[str]:
+        """Start the CLI, its stderr written to ``logs/NAME.stderr``, its stdout a pipe."""
+        with (self.logs / f"{name}.stderr").open("w") as stderr:
+            return subprocess.Popen(self.command, cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+    def stderr(self, name: str) -> str:
+        """What the CLI started as ``name`` wrote to stderr so far."""
+        return (self.logs / f"{name}.stderr").read_text()
 
     @property
     def before_stop(self) -> Stream:
@@ -705,33 +715,22 @@ class MidStream:
 
 
 def _mid_stream(
-    bootstrap: str, prefix: str, policy: str, *, seed: int, size: int, extra: Sequence[str] = ()
+    bootstrap: str,
+    prefix: str,
+    policy: str,
+    logs: Path,
+    *,
+    seed: int,
+    size: int,
+    extra: Sequence[str] = (),
 ) -> MidStream:
-    """Fresh topics and a random stream of ``size`` jobs of ``size`` tasks; ``extra`` CLI arguments."""
+    """Fresh topics and a random stream of ``size`` jobs of ``size`` tasks; ``extra`` CLI arguments;
+    the CLIs' stderr in ``logs``."""
     topics = setup_topics(bootstrap, prefix)
     stream = random_stream(seed=seed, jobs=size, tasks=size)
     expected = set(ids(offline_commands(stream, policy, topics)))
     command = [*_mitigate_command(bootstrap, policy, prefix), *extra]
-    return MidStream(topics, stream, len(stream.events) * 3 // 5, expected, command)
-
-
-_STDERR: dict[int, IO[str]] = {}
-"""Each started CLI's stderr, by pid: a file, not a pipe, since a pipe nobody reads while the process
-runs fills up with its log lines (one per command) and blocks it."""
-
-
-def _start_cli(command: list[str]) -> subprocess.Popen[str]:
-    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - kept open while the process runs; closed with the test process
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
-    _STDERR[process.pid] = log
-    return process
-
-
-def _stderr(process: subprocess.Popen[str]) -> str:
-    """What ``process`` wrote to stderr so far."""
-    log = _STDERR[process.pid]
-    log.seek(0)
-    return log.read()
+    return MidStream(topics, stream, len(stream.events) * 3 // 5, expected, command, logs)
 
 
 def _start_then_wait_for_a_command(bootstrap: str, run: MidStream) -> subprocess.Popen[str]:
@@ -740,13 +739,13 @@ def _start_then_wait_for_a_command(bootstrap: str, run: MidStream) -> subprocess
     The rest of the stream is produced only after the caller has stopped this instance, so the stop
     lands mid-stream whatever the machine's speed."""
     produce_stream(bootstrap, run.topics, run.before_stop)
-    process = _start_cli(run.command)
+    process = run.start("first")
     deadline = time.monotonic() + 120
     while not committed_commands(bootstrap, run.topics):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             process.communicate(timeout=30)
-            raise AssertionError(f"no command was committed; stderr: {_stderr(process)}")
+            raise AssertionError(f"no command was committed; stderr: {run.stderr('first')}")
         time.sleep(0.2)
     return process
 
@@ -755,7 +754,7 @@ def _resume(bootstrap: str, run: MidStream) -> dict[str, int]:
     """Produce the rest of the stream and run a new instance until its group has committed all the input
     (then SIGTERM: it commits and leaves); return its stats."""
     produce_stream(bootstrap, run.topics, run.after_stop)
-    resumed = _start_cli(run.command)
+    resumed = run.start("resumed")
     group = run.command[run.command.index("--group") + 1]
     try:
         _wait_for(
@@ -764,7 +763,7 @@ def _resume(bootstrap: str, run: MidStream) -> dict[str, int]:
     finally:
         resumed.send_signal(signal.SIGTERM)
         out, _ = resumed.communicate(timeout=60)
-    assert resumed.returncode == 0, _stderr(resumed)
+    assert resumed.returncode == 0, run.stderr("resumed")
     stats: dict[str, int] = orjson.loads(out.strip().splitlines()[-1])
     return stats
 
@@ -772,10 +771,10 @@ def _resume(bootstrap: str, run: MidStream) -> dict[str, int]:
 @pytest.mark.broker
 @pytest.mark.slow
 def test_sigkill_mid_stream_then_restart_is_exactly_once(
-    kafka_bootstrap: str, fresh_topic_prefix: str
+    kafka_bootstrap: str, fresh_topic_prefix: str, tmp_path: Path
 ) -> None:
     policy = "limited:3"
-    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, policy, seed=3, size=40)
+    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, policy, tmp_path, seed=3, size=40)
     assert set(ids(offline_commands(run.before_stop, policy, run.topics))) < run.expected
 
     first = _start_then_wait_for_a_command(kafka_bootstrap, run)
@@ -790,14 +789,14 @@ def test_sigkill_mid_stream_then_restart_is_exactly_once(
 @pytest.mark.broker
 @pytest.mark.slow
 def test_sigterm_commits_and_leaves_then_a_restart_carries_on(
-    kafka_bootstrap: str, fresh_topic_prefix: str
+    kafka_bootstrap: str, fresh_topic_prefix: str, tmp_path: Path
 ) -> None:
-    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, "mantri", seed=4, size=30)
+    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, "mantri", tmp_path, seed=4, size=30)
 
     first = _start_then_wait_for_a_command(kafka_bootstrap, run)
     first.send_signal(signal.SIGTERM)
     out, _ = first.communicate(timeout=60)
-    assert first.returncode == 0, _stderr(first)
+    assert first.returncode == 0, run.stderr("first")
     stopped = orjson.loads(out.strip().splitlines()[-1])
     assert len(committed_commands(kafka_bootstrap, run.topics)) == stopped["commands"]
     resumed = _resume(kafka_bootstrap, run)
@@ -847,13 +846,15 @@ def _restarts_served(port: int) -> float:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
 def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
-    kafka_bootstrap: str, fresh_topic_prefix: str
+    kafka_bootstrap: str, fresh_topic_prefix: str, tmp_path: Path
 ) -> None:
     """A consumer stuck inside a C call (as librdkafka's send_offsets_to_transaction after a broker
     restart) is alive but silent: SIGSTOP makes exactly that. The supervisor must replace it."""
     port = _free_port()
     extra = ["--stall-timeout", "10", "--metrics-port", str(port)]
-    run = _mid_stream(kafka_bootstrap, fresh_topic_prefix, "unlimited", seed=5, size=30, extra=extra)
+    run = _mid_stream(
+        kafka_bootstrap, fresh_topic_prefix, "unlimited", tmp_path, seed=5, size=30, extra=extra
+    )
 
     supervisor = _start_then_wait_for_a_command(kafka_bootstrap, run)
     try:
@@ -872,7 +873,7 @@ def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
-    assert supervisor.returncode == 0, _stderr(supervisor)
+    assert supervisor.returncode == 0, run.stderr("first")
     # at least the stuck one; a loaded machine may add a spurious restart, which is harmless by design
     assert orjson.loads(out.strip().splitlines()[-1])["watchdog_restarts"] >= 1
     assert_committed_once(kafka_bootstrap, run.topics, run.expected)
