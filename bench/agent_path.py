@@ -83,9 +83,8 @@ def run_once(records: Sequence[InputRecord], method: str) -> tuple[dict[str, flo
     for record in records:
         t0 = clock()
         event = handler.admit(record)
-        if isinstance(event, TaskBatch):  # a batch with a bad observation (none here)
-            valid = _returned(handler._valid_observations(record, event))
-            event = TaskObservations(event.job_id, valid)
+        if isinstance(event, TaskBatch | TaskCheckpoint):  # a batch with a bad observation (none here)
+            event = _returned(handler._observations(record, event))
         t1 = clock()
         seconds["decode"] += t1 - t0
         if isinstance(event, JobEvent):
@@ -94,7 +93,7 @@ def run_once(records: Sequence[InputRecord], method: str) -> tuple[dict[str, flo
             observed += len(event.observations)
             handler._apply_tasks(event)
             t2 = clock()
-            store.write_changes(event.job_id)
+            store.write_task_rows()  # as a group commit writes them
             t3 = clock()
             seconds["apply"] += t2 - t1
             seconds["write"] += t3 - t2
@@ -104,18 +103,19 @@ def run_once(records: Sequence[InputRecord], method: str) -> tuple[dict[str, flo
             seconds["predictions"] += build_seconds
             for part in parts:
                 digest.update(part)
+    store.write_job_rows()  # a commit deletes the ended jobs' rows
     for key in sorted(tasks):
         digest.update(key + tasks[key])
     return seconds, observed, digest.hexdigest()[:16]
 
 
-def _returned(steps: Generator[Any, None, list[Any]]) -> list[Any]:
+def _returned(steps: Generator[Any, None, TaskObservations]) -> TaskObservations:
     """What a generator returns, once it has yielded everything (dead letters, none here)."""
     while True:
         try:
             next(steps)
         except StopIteration as stop:
-            return list(stop.value)
+            return stop.value
 
 
 def _record(job_id: str, value: bytes) -> InputRecord:

@@ -3,39 +3,36 @@
     task-checkpoints + job-events --> [agent: decode, validate, update, evaluate] --> straggler-predictions
                                                  \\--> dead-letters (anything that fails to decode)
 
-The agent only moves events: it decodes and validates them (`schemas`), feeds task observations
-(``task_checkpoint`` or ``task_batch`` records) to the job's `OnlineJob` (`straggler.core.online`, the
-object the offline evaluator drives), and at a checkpoint boundary publishes the verdicts as
-``prediction_batch`` records (one per job checkpoint, in parts within 64 KiB; the last part completes
-the checkpoint). Jobs that send no boundaries (live telemetry) are evaluated on a timer that publishes a
-boundary into the job's own partition, so every table write goes to the right changelog partition; a
-record on a foreign partition is first forwarded to its job's (`straggler.kafka.routing`). What each
-record asks is decided by `pipeline.handler`; this module performs it with Faust.
+What each record asks is decided by `pipeline.handler` (the job's `OnlineJob`, the object the offline
+evaluator drives, at every boundary); this module performs it with Faust, ticks the jobs that send no
+boundaries (live telemetry), and acknowledges the records at each group commit (`pipeline.group_commit`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from functools import partial
 from typing import Any, cast
 
 import faust
 
-from pipeline.commit_order import IDLE_SECONDS, InputRecord
-from pipeline.faust_app import TABLE_HELP, TABLES, faust_app, method_factory
 from pipeline.faust_app import create_changelog_topics as create_changelog_topics  # `straggler worker`
-from pipeline.faust_patches import acknowledged, give_up, let_go_before_waiting, writes_routed_to
+from pipeline.faust_app import faust_app, job_store, start_uncommitted_inputs_at_their_beginning
+from pipeline.faust_patches import acknowledged, give_up, let_go_before_waiting
+from pipeline.group_commit import COMMIT_SECONDS, GroupCommit, InputRecord
 from pipeline.handler import (
     Action,
     AgentStats,
-    ForwardRecord,
     JobEventHandler,
-    SendDeadLetter,
-    SendPredictionPart,
-    SendTick,
+    Send,
     process,
 )
-from pipeline.jobstore import JobStore, Position, new_online_job
+from pipeline.jobstore import Position
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
 from pipeline.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: WorkerSettings) -> faust.App:
@@ -46,43 +43,28 @@ def create_app(settings: WorkerSettings) -> faust.App:
 class Worker:
     """The worker's Faust wiring: its topics and tables, the agent that hands each record to
     `pipeline.handler.process`, and the timers; it performs the handler's actions and acknowledges
-    the records `CommitOrder.acknowledgeable` hands out."""
+    the records each `GroupCommit.commit` hands out."""
 
     def __init__(self, settings: WorkerSettings) -> None:
         names = settings.topics
         self.app = app = faust_app(settings)
-        self.inputs = app.topic(names.checkpoints, names.job_events, key_type=bytes, value_type=bytes)
-        self.predictions = app.topic(names.predictions, key_type=bytes, value_type=bytes)
-        self.dead_letters = app.topic(names.dead_letters, key_type=bytes, value_type=bytes)
-        self.home_topics = {  # where a record on a foreign partition is copied to, and ticks go
-            name: app.topic(name, key_type=bytes, value_type=bytes)
-            for name in (names.checkpoints, names.job_events)
+        topic = partial(app.topic, key_type=bytes, value_type=bytes)
+        self.inputs = topic(names.checkpoints, names.job_events)
+        self.home_topics = {name: topic(name) for name in (names.checkpoints, names.job_events)}
+        """Where a record on a foreign partition is copied to."""
+        self.outputs = {
+            "predictions": topic(names.predictions),
+            "dead-letters": topic(names.dead_letters),
+            "checkpoints": self.home_topics[names.checkpoints],  # live jobs' timer boundaries
         }
-        self.boundaries = self.home_topics[names.checkpoints]
-        # Rows are bytes we encode ourselves: without key_type/value_type=bytes Faust writes them raw but
-        # decodes the changelog as JSON on recovery, and a restarted worker never finishes recovering.
-        tasks, jobs, models = (
-            app.Table(
-                name, partitions=settings.partitions, key_type=bytes, value_type=bytes, help=TABLE_HELP[name]
-            )
-            for name in TABLES
-        )
-        protocol = {
-            "quantile": settings.quantile,
-            "start_fraction": settings.start_fraction,
-            "refit_growth": settings.refit_growth,
-        }
-        self.store = JobStore(
-            tasks, jobs, models, make_job=new_online_job(method_factory(settings), protocol)
-        )
+        self.store = job_store(app, settings)
         admm = None
         if settings.admm_interval is not None:
             from pipeline.admm_online import install
 
             admm = install(app, settings, self.store)
         stats = AgentStats()
-        metrics = WorkerMetrics(stats, jobs=lambda: len(jobs))
-        app.straggler_stats = stats  # type: ignore[attr-defined]
+        metrics = WorkerMetrics(stats, jobs=lambda: len(self.store.jobs))
         app.straggler_metrics = metrics  # type: ignore[attr-defined]  # served by `straggler worker --metrics-port`
         install_lag_sampler(app, metrics, {names.checkpoints, names.job_events})
         self.handler = JobEventHandler(
@@ -94,43 +76,69 @@ class Worker:
             metrics=metrics,
             consensus=admm,
         )
-        self.commits = self.handler.commits
+        self.commits = GroupCommit(self.store, self.handler.waiting_for_start)
         self.unacknowledged: dict[Position, faust.EventT] = {}
         """The events of the records received and not acknowledged or given up yet."""
+        self.handling = asyncio.Lock()
+        """Held while a record is handled or a commit runs: they never interleave."""
+        start_uncommitted_inputs_at_their_beginning(app, {names.checkpoints, names.job_events})
         app.on_partitions_revoked.connect(cast(Any, self.on_partitions_revoked))
         app.on_partitions_assigned.connect(cast(Any, self.on_partitions_assigned))
         app.agent(self.inputs)(self.straggler_agent)
         app.timer(interval=1.0)(self.expire_pending)
-        app.timer(interval=IDLE_SECONDS / 2)(self.write_held_changes)
+        app.timer(interval=COMMIT_SECONDS / 2)(self.commit_when_due)
         app.timer(interval=settings.live_interval)(self.evaluate_live_jobs)
 
     async def straggler_agent(self, stream: faust.StreamT[bytes]) -> None:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
 
-        Records are acknowledged by hand, once their changes are written (`pipeline.commit_order`)."""
+        Records are acknowledged by hand, by the group commit that makes their changes durable."""
         let_go_before_waiting(self.app.consumer, self.let_go)
         async for event in cast(faust.Stream[bytes], stream).noack().events():
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
-            self.unacknowledged[record.position] = event
-            if not await process(self.handler, record, self.perform):
-                give_up(self.unacknowledged.pop(record.position))  # its partition was let go meanwhile
-            self.acknowledge()
+            async with self.handling:
+                self.unacknowledged[record.position] = event
+                await process(self.handler, record, self.perform)
+                if record.position in self.unacknowledged:
+                    self.commits.handled(record)
+                else:  # its partition was let go meanwhile: its changes go too
+                    self.store.forget_cache()
+                if self.commits.due():
+                    await self.commit()
 
-    def acknowledge(self) -> None:
-        """Acknowledge the records whose changes are written: Faust commits their offsets."""
-        for record in self.commits.acknowledgeable():
-            self.unacknowledged.pop(record.position).ack()
+    async def commit(self) -> None:
+        """Make every change so far durable, then acknowledge the records it covers: Faust commits
+        their offsets (`GroupCommit.commit`)."""
+        try:
+            records = await self.commits.commit(lambda: acknowledged(self.app.producer))
+        except Exception:  # the broker is unreachable: the records wait for the next commit
+            log.exception("commit failed; its records stay unacknowledged until a commit succeeds")
+            return
+        for record in records:
+            event = self.unacknowledged.pop(record.position, None)
+            if event is not None:  # else given up by a rebalance meanwhile
+                event.ack()
+
+    async def commit_when_due(self) -> None:
+        """Commit what the agent handled once the input pauses (the agent commits while it runs)."""
+        if self.commits.due() and self.app.flow_control.is_active():  # not while partitions move
+            async with self.handling:
+                await self.commit()
 
     def let_go(self) -> None:
-        """Partitions move: give up the records not acknowledged (their next owner reads them again)."""
-        for record in self.handler.let_go():
-            give_up(self.unacknowledged.pop(record.position))
+        """Partitions move: give up the records not acknowledged (their next owner reads them again),
+        and forget the changes they made."""
+        self.store.forget_cache()
+        self.handler.let_go()
+        self.commits.let_go()
+        for event in self.unacknowledged.values():
+            give_up(event)
+        self.unacknowledged.clear()
 
     async def on_partitions_revoked(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         """The cache may hold jobs that are no longer ours: drop it, with the records not acknowledged."""
         self.let_go()
-        self.store.forget_cache()
 
     async def on_partitions_assigned(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         """The cache may miss changelog updates: drop it, unless it holds changes not written yet
@@ -139,55 +147,26 @@ class Worker:
             self.store.forget_cache()
 
     async def perform(self, action: Action) -> None:
-        """Send what the handler asks for, or wait for the broker where it says so."""
-        if isinstance(action, SendPredictionPart):
-            await self.predictions.send(key=action.key, value=action.value)
-        elif isinstance(action, SendDeadLetter):
-            await self.dead_letters.send(key=action.key, value=action.value)
-        elif isinstance(action, SendTick):
-            await self.boundaries.send(key=action.key, value=action.value)
-        elif isinstance(action, ForwardRecord):
+        """Send what the handler asks for."""
+        if isinstance(action, Send):
+            await self.outputs[action.to].send(key=action.key, value=action.value)
+        else:
             # Sends keep their order per partition, so one producer's records of a job stay in order;
-            # the source offset is committed only after the copy is on the broker (`drain_fully`), so
-            # a crash forwards it again at worst: a repeated observation, boundary or start changes nothing.
+            # the source offset is committed only after the copy is on the broker (a group commit's
+            # step 1), so a crash forwards it again at worst: a repeated record changes nothing.
             record = action.record
             await self.home_topics[record.topic].send(
                 key=record.key, value=record.value, partition=action.partition
             )
-        else:
-            await acknowledged(self.app.producer)
 
     async def expire_pending(self) -> None:
         """Task events whose job never started go to dead letters once the grace period is over."""
-        letters = self.handler.expire_pending()
-        for letter in letters:
-            await self.perform(letter)
-        if letters:
-            self.handler.letters_sent()
-            self.acknowledge()
-
-    async def write_held_changes(self) -> None:
-        """Jobs that held records longer than allowed, or any once the input paused, have their
-        changes written, so a job without checkpoints does not hold its partition's commits back."""
-        if not self.app.flow_control.is_active():
-            return  # partitions are moving
-        overdue = self.commits.overdue()
-        if any(self.store.awaiting_acknowledgement(job_id) for job_id in overdue):
-            for action in self.commits.flush():
-                await self.perform(action)
-            overdue = self.commits.overdue()  # the agent may have gone on meanwhile
-        for job_id, record in overdue.items():
-            event = self.unacknowledged.get(record.position)
-            if event is not None:
-                with writes_routed_to(event):
-                    self.commits.write_held(job_id)
-        self.acknowledge()
+        async with self.handling:
+            for letter in self.handler.expire_pending():
+                await self.perform(letter)
 
     async def evaluate_live_jobs(self) -> None:
-        """Jobs that send no boundaries get one from the worker, into their own partition.
-
-        Only jobs this worker has handled since its last rebalance (its cache) are ticked, so two
-        workers never tick the same job; a live job re-enters the cache with its next report.
-        """
+        """Jobs that send no boundaries get one from the worker, into their own partition
+        (`JobEventHandler.live_ticks`)."""
         for tick in self.handler.live_ticks():
             await self.perform(tick)

@@ -1,8 +1,8 @@
 """The worker's Faust App as configured (broker, credentials, acknowledgements, commits, recovery),
-its tables' changelog topics, and the method each job gets.
+its tables (`JobTable`, their changelog topics, the `JobStore` over them) and the method each job gets.
 
-Apart from `pipeline.app`, which adds the worker's topics, tables, agent and timers, so that a
-benchmark (bench/faust_floor.py) can build the same App with an agent of its own.
+Apart from `pipeline.app`, which adds the worker's topics, agent and timers, so that a benchmark
+(bench/faust_floor.py) can build the same App with an agent of its own.
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import faust
 
 from pipeline.faust_patches import drain_fully, keep_queued_records
+from pipeline.jobstore import SEPARATOR, JobStore, new_online_job
 from pipeline.settings import WorkerSettings, app_id
 from straggler.core.method import StragglerMethod
+from straggler.core.partitioner import partition_of
 from straggler.core.registry import load_trained_method, make_method
 from straggler.kafka.security import current_security, faust_credentials
 
@@ -48,6 +51,73 @@ TABLE_HELP = {
 TABLES = tuple(TABLE_HELP)
 SESSION_TIMEOUT_S = 10.0
 """How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
+
+
+class JobTable(faust.Table):
+    """A table whose rows go to their job's changelog partition, whatever record is being handled.
+
+    Faust writes a row to the partition of the event in hand (`Table.partition_for_key`, which it
+    documents for overriding); the worker's rows are keyed by job id (``job`` or ``job \x1f ...``,
+    `pipeline.jobstore`), so a group commit can write every job's rows at once, from a timer too."""
+
+    def partition_for_key(self, key: bytes) -> int:
+        job_id = key.split(SEPARATOR.encode(), 1)[0].decode()
+        return partition_of(job_id, cast(int, self.partitions))
+
+
+def job_tables(app: faust.App, partitions: int) -> list[JobTable]:
+    """The worker's tables ``tasks``, ``jobs`` and ``models``, added to ``app``.
+
+    Their rows are bytes the worker encodes itself: without ``key_type``/``value_type=bytes`` Faust
+    writes them raw but decodes the changelog as JSON on recovery, and a restarted worker never
+    finishes recovering."""
+    tables = [
+        JobTable(
+            app,
+            name=name,
+            beacon=app.tables.beacon,
+            partitions=partitions,
+            key_type=bytes,
+            value_type=bytes,
+            help=TABLE_HELP[name],
+        )
+        for name in TABLES
+    ]
+    for table in tables:
+        app.tables.add(table)
+    return tables
+
+
+def job_store(app: faust.App, settings: WorkerSettings) -> JobStore:
+    """The worker's jobs over its tables, each job with a fresh method and the protocol settings."""
+    protocol = {
+        "quantile": settings.quantile,
+        "start_fraction": settings.start_fraction,
+        "refit_growth": settings.refit_growth,
+    }
+    tasks, jobs, models = job_tables(app, settings.partitions)
+    return JobStore(tasks, jobs, models, new_online_job(method_factory(settings), protocol))
+
+
+def start_uncommitted_inputs_at_their_beginning(app: faust.App, topics: set[str]) -> None:
+    """After each recovery, seek every input partition the group never committed to its beginning.
+
+    ``consumer_auto_offset_reset="earliest"`` says so already, but a worker that recovers tables
+    fetches input records meanwhile, and the recovery's seek to committed offsets rewinds only the
+    partitions that have one: a restarted worker whose predecessor died before its first offset
+    commit then skipped those records and waited for new ones (`worker-kill-repeated`)."""
+
+    async def seek_uncommitted(sender: Any, *args: Any, **kwargs: Any) -> None:
+        consumer: Any = app.consumer  # seek_to_committed is not in ConsumerT
+        committed = await consumer.seek_to_committed()
+        uncommitted = [
+            tp for tp in consumer.assignment() if tp.topic in topics and (committed.get(tp) or -1) < 0
+        ]
+        if uncommitted:
+            for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():
+                await consumer.seek(tp, offset)
+
+    app.on_rebalance_complete.connect(cast(Any, seek_uncommitted))
 
 
 def changelog_topics(settings: WorkerSettings) -> list[str]:

@@ -3,19 +3,18 @@
 Faust has no public API for these; each patch is one function here, and tests/test_faust_patches.py
 fails if the Faust or mode internal it relies on changes.
 
-1. `give_up`, `let_go_before_waiting`: the agent acknowledges records by hand, once their changes
-   are written (`pipeline.commit_order`). Before a rebalance or a stop Faust waits until every record
-   it delivered is acknowledged (``Consumer.wait_empty``); records waiting for their job's checkpoint
-   never would be. They are given up first: marked done (``Message.acked``) without an
-   acknowledgement, so their offsets are not committed and the partition's next owner reads them.
-2. `writes_routed_to`: a table write goes to the changelog partition of the event being handled
-   (``faust.streams._current_event``); the worker's timer writes a job's changes within one of the
-   job's own records.
-3. `drain_fully`: before committing offsets Faust flushes its producer, but ``ProducerBuffer.flush``
-   returns once 0.1 s pass without a message leaving the buffer. A NURD fit holding the event loop for
-   longer makes it return with rows still buffered, and the offsets of the records that wrote them
-   are committed anyway: after a kill those rows are lost. The flush is made to wait until empty.
-4. `keep_queued_records`: mode's ``FlowControlEvent.resume`` empties every queue it manages; right
+1. `give_up`, `let_go_before_waiting`: the agent acknowledges records by hand, at the group commit
+   that makes their changes durable (`pipeline.group_commit`). Before a rebalance or a stop Faust
+   waits until every record it delivered is acknowledged (``Consumer.wait_empty``); records waiting
+   for a commit or for their job's start never would be. They are given up first: marked done
+   (``Message.acked``) without an acknowledgement, so their offsets are not committed and the
+   partition's next owner reads them.
+2. `drain_fully`: the producer's flush, which each group commit awaits, drains Faust's buffer with
+   ``ProducerBuffer.flush``, which returns once 0.1 s pass without a message leaving the buffer. A
+   NURD fit holding the event loop for longer makes it return with rows still buffered, and the
+   records that wrote them are acknowledged anyway: after a kill those rows are lost. The flush is
+   made to wait until empty.
+3. `keep_queued_records`: mode's ``FlowControlEvent.resume`` empties every queue it manages; right
    after a rebalance, wrong when Faust calls it again at the end of a recovery, because the cleared
    records are then neither delivered again nor acknowledged (docs/reliability.md, "A recovery keeps
    the records already fetched").
@@ -23,13 +22,10 @@ fails if the Faust or mode internal it relies on changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
-from weakref import ref
 
 import faust
-from faust import streams
 
 
 def give_up(event: faust.EventT) -> None:
@@ -46,16 +42,6 @@ def let_go_before_waiting(consumer: Any, let_go: Callable[[], None]) -> None:
         await wait_empty()
 
     consumer.wait_empty = let_go_then_wait_empty
-
-
-@contextmanager
-def writes_routed_to(event: faust.EventT) -> Iterator[None]:
-    """Table writes within go to ``event``'s partition, as if the stream were handling it."""
-    token = streams._current_event.set(ref(event))
-    try:
-        yield
-    finally:
-        streams._current_event.reset(token)
 
 
 STALL_LIMIT_S = 60.0

@@ -1,13 +1,11 @@
 """Each job's `OnlineJob`, kept in Faust tables so a restarted or rebalanced worker gets it back.
 
-Tables ``tasks`` (task changes, one row per checkpoint: `JobStore.hold`), ``jobs`` (one row per
-job: a checkpoint's commit record) and ``models`` (each refit's method as data, `straggler.core.model_codec`,
-never a pickle), all written on the job's own changelog partition; in-memory `OnlineJob`s are a
-cache rebuilt from them.
-A killed worker can leave any subset of a checkpoint's writes; the order in which the worker makes
-them, and why it then recovers exactly, is `pipeline.commit_order.CommitOrder.checkpoint`.
-A rebuild trusts the job row alone: the model version it names, its flags, no flag after its last
-evaluated checkpoint. Details: docs/architecture.md, "The worker's tables and recovery".
+Tables ``jobs`` (one row per job: its protocol state and the last checkpoint it committed),
+``tasks`` (the tasks a job changed between two commits, one row per job and commit) and ``models``
+(each refit's method as data, `straggler.core.model_codec`, never a pickle), all on the job's own
+changelog partition. Between commits the in-memory jobs are the truth; a commit writes what changed
+(`pipeline.group_commit.GroupCommit.commit` gives the order, and why a killed worker recovers
+exactly). Details: docs/architecture.md, "The worker's tables and recovery".
 """
 
 from __future__ import annotations
@@ -87,7 +85,7 @@ def decode_changes(payload: bytes) -> dict[str, tuple[TaskRecord, float | None]]
 
 @dataclass
 class JobMeta:
-    """The per-job row of the ``jobs`` table."""
+    """The row of the ``jobs`` table: a job's protocol state and the last checkpoint it committed."""
 
     expected_tasks: int
     feature_names: list[str]
@@ -100,7 +98,7 @@ class JobMeta:
     ended_at: float | None = None
     ticks: int = 0
     checkpoint_flags: dict[str, float] = field(default_factory=dict)
-    """The flags raised at ``last_evaluated`` (task id -> flag time), until a task row carries them."""
+    """The flags raised since the job's last task row (task id -> flag time), until one carries them."""
 
     def encode(self) -> bytes:
         return orjson.dumps(self.__dict__)
@@ -108,6 +106,17 @@ class JobMeta:
     @classmethod
     def decode(cls, payload: bytes) -> JobMeta:
         return cls(**orjson.loads(payload))
+
+    def took_checkpoint(self, job: OnlineJob, at: float, flagged: Iterable[str]) -> None:
+        """Note the checkpoint ``job`` has just evaluated at ``at``, and the tasks it flagged."""
+        self.model_version, self.fitted_on, self.calibrated = job.model_version, job.fitted_on, job.calibrated
+        self.last_evaluated = at
+        self.checkpoint_flags.update(dict.fromkeys(flagged, at))
+
+    def restore(self, job: OnlineJob) -> None:
+        """Give a job rebuilt from the tables what this row committed (but its model)."""
+        job.model_version, job.fitted_on, job.calibrated = self.model_version, self.fitted_on, self.calibrated
+        job.state.flagged.update(self.checkpoint_flags)
 
 
 JobFactory = Callable[[str, JobMeta], OnlineJob]
@@ -118,53 +127,43 @@ class _CachedJob:
     meta: JobMeta
     job: OnlineJob
     next_sequence: int
+    meta_changed: bool = False
+    """The job row differs from the table's: the next commit writes it."""
     changed: set[str] = field(default_factory=set)
-    """Tasks changed since the job's last task row: `write_changes` writes them as one row."""
-    holding: list[Position] = field(default_factory=list)
-    """The input records `JobStore.hold` was given since the job's last task row."""
+    """Tasks changed since the job's last task row: the next commit writes them as one row."""
 
 
 @dataclass
 class JobStore:
-    """Write-through cache of `OnlineJob`s over the three tables."""
+    """Each job's `OnlineJob` in memory, written to the three tables at each group commit.
+
+    Between commits the cache is the jobs' truth; `write_job_rows` and `write_task_rows` make it
+    durable, in the order `pipeline.group_commit.GroupCommit.commit` gives."""
 
     tasks: MutableMapping[bytes, bytes]
     jobs: MutableMapping[bytes, bytes]
     models: MutableMapping[bytes, bytes]
     make_job: JobFactory
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
-    _unacknowledged: set[str] = field(default_factory=set)
-    """Jobs whose job row was written and is not known to be on the broker yet."""
-    _holders: dict[Position, str] = field(default_factory=dict)
-    """Each input record whose changes are not written yet, with its job (`hold`)."""
+    _ended: set[str] = field(default_factory=set)
+    """Jobs dropped since the last commit, whose rows it deletes."""
 
     def forget_cache(self) -> None:
-        """Partitions moved: what is cached may no longer be ours, or may be stale.
-
-        Changes not written yet go with it: the records that made them are held (`hold`), never
-        acknowledged, so the partition's next owner reads them again."""
+        """Partitions moved: what is cached may no longer be ours, or may be stale. Changes not
+        written yet go with it: the worker gives up the records that made them, unacknowledged."""
         self._cache.clear()
-        self._holders.clear()
-
-    def reload(self, job_id: str) -> OnlineJob | None:
-        """Write the job's pending changes, then rebuild it from the tables (its feature names changed)."""
-        self.write_changes(job_id)
-        self._cache.pop(job_id, None)
-        return self.job(job_id)
+        self._ended.clear()
 
     def meta(self, job_id: str) -> JobMeta | None:
+        """The job's row as cached (loading the job): change it in place, then call `meta_changed`."""
         cached = self._cache.get(job_id)
-        if cached is not None:
-            return cached.meta
-        payload = self.jobs.get(job_id.encode())
-        return None if payload is None else JobMeta.decode(payload)
+        if cached is None and self.job(job_id) is not None:
+            cached = self._cache[job_id]
+        return None if cached is None else cached.meta
 
     def cached_jobs(self) -> list[str]:
         """Jobs this worker has handled since partitions last moved (all of them its own)."""
         return list(self._cache)
-
-    def save_meta(self, job_id: str, meta: JobMeta) -> None:
-        self.jobs[job_id.encode()] = meta.encode()
 
     def start(self, job_id: str, expected_tasks: int, feature_names: list[str], live: bool) -> JobMeta:
         """Register a job (idempotent: a repeated start keeps what the job has learned)."""
@@ -172,35 +171,45 @@ class JobStore:
         if existing is not None:
             return existing
         meta = JobMeta(expected_tasks=expected_tasks, feature_names=feature_names, live=live)
-        self.save_meta(job_id, meta)
+        self._cache[job_id] = _CachedJob(meta, self.make_job(job_id, meta), 0, meta_changed=True)
         return meta
+
+    def meta_changed(self, job_id: str) -> None:
+        """The (cached) job's row changed: the next commit writes it."""
+        self._cached(job_id).meta_changed = True
+
+    def name_features(self, job_id: str, feature_names: list[str]) -> OnlineJob:
+        """Give a job started without feature names (so without tasks yet) the names of its first
+        observation: a fresh `OnlineJob` with that many features."""
+        cached = self._cached(job_id)
+        cached.meta.feature_names = feature_names
+        cached.meta_changed = True
+        cached.job = self.make_job(job_id, cached.meta)
+        return cached.job
 
     def job(self, job_id: str) -> OnlineJob | None:
         """The job's `OnlineJob`, from the cache or rebuilt from the tables; None if unknown."""
         cached = self._cache.get(job_id)
         if cached is not None:
             return cached.job
-        meta = self.meta(job_id)
-        if meta is None:
+        payload = self.jobs.get(job_id.encode())
+        if payload is None or job_id in self._ended:
             return None
+        meta = JobMeta.decode(payload)
         job = self.make_job(job_id, meta)
-        evaluated = meta.last_evaluated
         rows = sorted(self._rows(self.tasks, f"{job_id}{SEPARATOR}".encode()))
         for _, payload in rows:
             for task_id, (record, flagged_at) in decode_changes(payload).items():
                 job.state.tasks[task_id] = record
                 job.state.flagged.pop(task_id, None)
-                if flagged_at is not None and evaluated is not None and flagged_at <= evaluated:
-                    job.state.flagged[task_id] = flagged_at  # later flags: an uncommitted checkpoint
-        job.state.flagged.update(meta.checkpoint_flags)
+                if flagged_at is not None:
+                    job.state.flagged[task_id] = flagged_at
+        meta.restore(job)
         job.state.forget_views()
-        job.model_version = meta.model_version
-        job.fitted_on = meta.fitted_on
-        job.calibrated = meta.calibrated
         if meta.model_version > 0:
             self._restore_model(job, meta.model_version)
         next_sequence = int(rows[-1][0].rsplit(SEPARATOR.encode(), 1)[1]) + 1 if rows else 0
-        # the job row's flags reach a task row with the job's next write, before a later job row replaces them
+        # the job row's flags reach a task row with the job's next commit
         self._cache[job_id] = _CachedJob(meta, job, next_sequence, changed=set(meta.checkpoint_flags))
         return job
 
@@ -224,52 +233,9 @@ class JobStore:
     def _rows(table: MutableMapping[bytes, bytes], prefix: bytes) -> Iterable[tuple[bytes, bytes]]:
         return [(k, v) for k, v in table.items() if k.startswith(prefix)]
 
-    def put_task(self, job: OnlineJob, task_id: str) -> None:
-        """Note that a task of ``job`` changed; `write_changes` writes it."""
-        self._cached(job.job_id).changed.add(task_id)
-
     def put_tasks(self, job: OnlineJob, task_ids: Iterable[str]) -> None:
-        """`put_task` for each of ``task_ids``."""
+        """Note that tasks of ``job`` changed: the next commit writes them."""
         self._cached(job.job_id).changed.update(task_ids)
-
-    def has_changes(self, job_id: str) -> bool:
-        """Whether the job has changes no task row carries yet."""
-        cached = self._cache.get(job_id)
-        return cached is not None and bool(cached.changed)
-
-    def hold(self, job_id: str, position: Position) -> None:
-        """Note that the input record at ``position`` made changes of the (cached) job not written yet.
-
-        A job's changes are written at its checkpoints, not per record, and a record may be
-        acknowledged only once its changes are written (`holder`)."""
-        self._cached(job_id).holding.append(position)
-        self._holders[position] = job_id
-
-    def holder(self, position: Position) -> str | None:
-        """The job whose next task row writes changes of the input record at ``position``, if any."""
-        return self._holders.get(position)
-
-    def _release(self, cached: _CachedJob) -> None:
-        for position in cached.holding:
-            self._holders.pop(position, None)
-        cached.holding = []
-
-    def write_changes(self, job_id: str) -> int:
-        """Write the job's changed tasks as one row of the ``tasks`` table; return how many tasks."""
-        cached = self._cache.get(job_id)
-        if cached is None:
-            return 0
-        self._release(cached)
-        if not cached.changed:
-            return 0
-        state = cached.job.state
-        rows = {
-            task_id: task_row(state.tasks[task_id], state.flagged.get(task_id)) for task_id in cached.changed
-        }
-        self.tasks[changes_key(job_id, cached.next_sequence)] = encode_changes(rows)
-        cached.next_sequence += 1
-        cached.changed.clear()
-        return len(rows)
 
     def _cached(self, job_id: str) -> _CachedJob:
         cached = self._cache.get(job_id)
@@ -278,80 +244,67 @@ class JobStore:
         return cached
 
     def evaluate(self, job_id: str, at: float) -> list[Decision]:
-        """Run the job's checkpoint at ``at``; write any new model, not the job row.
-
-        The caller publishes the decisions, makes every write durable, then calls
-        `record_evaluation` (see the module docstring for why in that order). The flags go with the
-        job row, and with the job's next task row.
-        """
+        """Run the job's checkpoint at ``at``. A refit's model is written at once, under a version
+        key no job row names until the next commit writes this job's row."""
         job = self.job(job_id)
-        if job is None or self.meta(job_id) is None:
+        if job is None:
             return []
-        self.write_changes(job_id)  # flags of the previous checkpoint that no task row carries yet
+        cached = self._cached(job_id)
         version = job.model_version
         decisions = job.checkpoint(at)
-        for d in decisions:
-            if d.is_straggler:
-                self.put_task(job, d.task_id)
+        flagged = [d.task_id for d in decisions if d.is_straggler]
+        cached.changed.update(flagged)
+        cached.meta.took_checkpoint(job, at, flagged)
+        cached.meta_changed = True
         if job.model_version != version:
-            self.models[model_key(job.job_id, job.model_version)] = encode_model(job.method)
+            self.models[model_key(job_id, job.model_version)] = encode_model(job.method)
         return decisions
 
-    def record_evaluation(self, at: float, job: OnlineJob, meta: JobMeta) -> None:
-        """Commit the checkpoint at ``at``: write the job row of ``job``, the object `evaluate` ran.
+    def write_job_rows(self) -> list[str]:
+        """Delete the rows of the jobs dropped since the last commit (tombstones in the changelogs),
+        and write the job rows that changed; the jobs written."""
+        for job_id in self._ended:
+            for table in (self.tasks, self.models):
+                for key, _ in self._rows(table, f"{job_id}{SEPARATOR}".encode()):
+                    del table[key]
+            self.jobs.pop(job_id.encode(), None)
+        self._ended.clear()
+        written = [job_id for job_id, cached in self._cache.items() if cached.meta_changed]
+        for job_id in written:
+            cached = self._cache[job_id]
+            self.jobs[job_id.encode()] = cached.meta.encode()
+            cached.meta_changed = False
+        return written
 
-        Not looked up again: a rebalance between `evaluate` and this call (the agent awaits the
-        broker in between) clears the cache, and a job rebuilt from the tables would still name
-        the previous model and drop this checkpoint's flags."""
-        meta.model_version = job.model_version
-        meta.fitted_on = job.fitted_on
-        meta.calibrated = job.calibrated
-        meta.last_evaluated = at
-        meta.checkpoint_flags = {task_id: t for task_id, t in job.state.flagged.items() if t == at}
-        self.save_meta(job.job_id, meta)
-        self._unacknowledged.add(job.job_id)
+    def write_task_rows(self) -> None:
+        """Write each job's tasks changed since the last commit as one row of the ``tasks`` table."""
+        for job_id, cached in self._cache.items():
+            if not cached.changed:
+                continue
+            state = cached.job.state
+            rows = {task: task_row(state.tasks[task], state.flagged.get(task)) for task in cached.changed}
+            self.tasks[changes_key(job_id, cached.next_sequence)] = encode_changes(rows)
+            cached.next_sequence += 1
+            cached.changed.clear()
+            cached.meta.checkpoint_flags = {}  # a task row carries them now (the job row's copy is stale)
 
-    def awaiting_acknowledgement(self, job_id: str) -> bool:
-        """Whether the job's last job row may not be on the broker yet: wait before writing the job."""
-        return job_id in self._unacknowledged
-
-    def unacknowledged(self) -> frozenset[str]:
-        """The jobs whose job rows a flush started now would acknowledge."""
-        return frozenset(self._unacknowledged)
-
-    def acknowledged(self, job_ids: Iterable[str]) -> None:
-        """The job rows of ``job_ids`` (taken before a flush) are on the broker: retire the models
-        they no longer name."""
+    def retire_models(self, job_ids: Iterable[str]) -> None:
+        """Delete the models that the (durable) job rows of ``job_ids`` no longer name."""
         for job_id in job_ids:
-            self._unacknowledged.discard(job_id)
             meta = self.meta(job_id)
             if meta is not None:
-                self.retire_models(job_id, keep=meta.model_version)
-
-    def retire_models(self, job_id: str, keep: int) -> None:
-        """Delete the job's models other than version ``keep``; only once the row naming it is durable."""
-        current = model_key(job_id, keep)
-        for key in self._model_keys(job_id):
-            if key != current:
-                del self.models[key]
+                current = model_key(job_id, meta.model_version)
+                for key in self._model_keys(job_id):
+                    if key != current:
+                        del self.models[key]
 
     def _model_keys(self, job_id: str) -> list[bytes]:
         return [k for k, _ in self._rows(self.models, f"{job_id}{SEPARATOR}".encode())]
 
-    def drop(self, job_id: str) -> int:
-        """Forget a finished job: delete its rows (tombstones in the changelogs)."""
-        keys = [k for k, _ in self._rows(self.tasks, f"{job_id}{SEPARATOR}".encode())]
-        for key in keys:
-            del self.tasks[key]
-        for key in self._model_keys(job_id):
-            del self.models[key]
-        if job_id.encode() in self.jobs:
-            del self.jobs[job_id.encode()]
-        cached = self._cache.pop(job_id, None)
-        if cached is not None:
-            self._release(cached)  # nothing of the job is left to write
-        self._unacknowledged.discard(job_id)
-        return len(keys)
+    def drop(self, job_id: str) -> None:
+        """Forget a finished job; the next commit deletes its rows."""
+        self._cache.pop(job_id, None)
+        self._ended.add(job_id)
 
 
 def new_online_job(make_method: Callable[[], StragglerMethod], settings: Mapping[str, Any]) -> JobFactory:

@@ -58,7 +58,7 @@ class WorkerMetrics:
         scrape that touched the Faust table before it started left the worker hanging on SIGTERM."""
         self.decision_latency = Histogram(
             "straggler_worker_decision_latency_seconds",
-            "from a checkpoint boundary's produced_at to its predictions acknowledged by the broker",
+            "from a checkpoint boundary's produced_at to its predictions sent (handed to the producer)",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -82,7 +82,7 @@ class WorkerMetrics:
         boundary_produced_at: float | None,
         sent_at: float,
     ) -> None:
-        """A checkpoint's predictions are on the broker (``sent_at``, wall clock)."""
+        """A checkpoint's predictions are sent (``sent_at``, wall clock)."""
         self.flags.inc(sum(d.is_straggler for d in decisions))
         if refit_seconds is not None:
             self.refit_seconds.observe(refit_seconds)

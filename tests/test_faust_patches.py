@@ -22,7 +22,6 @@ from pipeline.faust_patches import (
     give_up,
     keep_queued_records,
     let_go_before_waiting,
-    writes_routed_to,
 )
 
 
@@ -116,20 +115,61 @@ def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> 
     assert seen == ["let go", "wait_empty, held record done: True"]
 
 
-def test_the_timers_table_writes_go_to_the_partition_of_the_event_they_are_routed_to() -> None:
+def test_every_row_goes_to_its_jobs_partition_whatever_event_is_in_hand() -> None:
+    """`pipeline.faust_app.JobTable` overrides ``Table.partition_for_key``, which Faust's table asks
+    for every write and delete: a commit writes each job's rows to its own changelog partition."""
     from pipeline.app import create_app
+    from pipeline.faust_app import JobTable
+    from pipeline.jobstore import changes_key, model_key
     from pipeline.settings import WorkerSettings
+    from straggler.core.partitioner import partition_of
 
-    class Event:
-        message = SimpleNamespace(partition=5, topic="task-checkpoints")
+    settings = WorkerSettings(bootstrap="127.0.0.1:9", partitions=8)
+    app = create_app(settings)  # nothing is contacted
+    assert streams._current_event.get(None) is None, "no event in hand"
+    homes = {job_id: partition_of(job_id, 8) for job_id in ("a", "job-17", "x\u00e9")}
+    assert len(set(homes.values())) > 1
+    for name in ("tasks", "jobs", "models"):
+        table = app.tables[name]
+        assert isinstance(table, JobTable)
+        for job_id, home in homes.items():
+            for key in (job_id.encode(), changes_key(job_id, 3), model_key(job_id, 2)):
+                assert table.partition_for_key(key) == home
+    for method in (faust.Table.on_key_set, faust.Table.on_key_del):
+        assert "self.partition_for_key(key)" in inspect.getsource(method), "Faust routes rows otherwise"
 
-    table = create_app(WorkerSettings(bootstrap="127.0.0.1:9")).tables["tasks"]  # nothing is contacted
-    with pytest.raises(TypeError, match="outside of stream"):
-        table.partition_for_key(b"k")
-    with writes_routed_to(Event()):  # type: ignore[arg-type]
-        assert table.partition_for_key(b"k") == 5
-    with pytest.raises(TypeError, match="outside of stream"):
-        table.partition_for_key(b"k")
+
+def test_after_a_recovery_the_inputs_the_group_never_committed_start_at_their_beginning() -> None:
+    """`start_uncommitted_inputs_at_their_beginning`: an input partition without a committed offset is
+    sought to its earliest offset; a committed one, and a changelog partition, are left where the
+    recovery put them. Faust sends ``on_rebalance_complete`` before its seek to committed offsets."""
+    from faust.types import TP
+
+    from pipeline.faust_app import start_uncommitted_inputs_at_their_beginning
+
+    fresh, committed, changelog = TP("in", 0), TP("in", 1), TP("app-tasks-changelog", 0)
+    seeks: list[tuple[TP, int]] = []
+
+    class RecoveredConsumer:
+        def assignment(self) -> set[TP]:
+            return {fresh, committed, changelog}
+
+        async def seek_to_committed(self) -> dict[TP, int | None]:
+            return {fresh: None, committed: 7, changelog: None}
+
+        async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+            return dict.fromkeys(tps, 3)
+
+        async def seek(self, tp: TP, offset: int) -> None:
+            seeks.append((tp, offset))
+
+    app = faust.App("seek-test", broker="kafka://127.0.0.1:9")
+    app.consumer = RecoveredConsumer()  # type: ignore[assignment]
+    start_uncommitted_inputs_at_their_beginning(app, {"in"})
+    asyncio.run(app.on_rebalance_complete.send())
+    assert seeks == [(fresh, 3)]
+    source = inspect.getsource(faust.tables.recovery.Recovery)
+    assert source.index("on_rebalance_complete.send()") < source.rindex("perform_seek()")
 
 
 def _running_flow(guarded: bool) -> tuple[FlowControlEvent, FlowControlQueue[str]]:

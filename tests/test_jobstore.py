@@ -1,8 +1,8 @@
-"""A job rebuilt from whatever part of a checkpoint's writes survived decides as if nothing happened.
+"""A job rebuilt from whatever part of a commit's writes survived decides as if nothing happened.
 
 The worker-kill fault test (tests/test_faults.py) shows this end to end, but a kill lands at a random
-moment; here each cut between the writes of one checkpoint is made on purpose, on plain dicts
-standing in for the three tables.
+moment; here each cut between the writes of a commit is made on purpose, on plain dicts standing in
+for the three tables (tests/test_agent_handler.py cuts each commit step with the records read again).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from pipeline.jobstore import JobStore, model_key, new_online_job
@@ -47,8 +46,8 @@ def trace() -> JobTrace:
 
 
 def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobStore]]:
-    """Feed the job's task events through a store (each checkpoint's changes as one row, as the agent
-    writes a batch of them) and yield before each checkpoint is evaluated."""
+    """Feed the job's task events through a store, commit them (as a group commit between the
+    records and the boundary would) and yield before each checkpoint is evaluated."""
     store = store_over(tables)
     store.start(trace.job_id, trace.expected_tasks, list(trace.feature_names), live=False)
     sim = JobSimulation(trace, seed=0)
@@ -57,23 +56,21 @@ def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobSto
         job = store.job(trace.job_id)
         assert job is not None
         observe_step(job.state, sim, step)
-        for task_id in job.state.tasks:
-            store.put_task(job, task_id)
-        store.write_changes(trace.job_id)  # one row per input record, as the agent writes a batch
+        store.put_tasks(job, job.state.tasks)
+        commit(store)
         yield t, store
 
 
-def commit(store: JobStore, job_id: str, t: float) -> None:
-    """What the agent does once the checkpoint's writes are acknowledged."""
-    job, meta = store.job(job_id), store.meta(job_id)
-    assert job is not None and meta is not None
-    store.record_evaluation(t, job, meta)
-    store.retire_models(job_id, keep=job.model_version)
+def commit(store: JobStore) -> None:
+    """A group commit's writes (`GroupCommit.commit`), each acknowledged at once."""
+    written = store.write_job_rows()
+    store.write_task_rows()
+    store.retire_models(written)
 
 
 def cut_at_refit_with_flags(trace: JobTrace) -> tuple[Tables, Tables, float, list[Decision]]:
     """Run the job to its first checkpoint that refits *and* flags; return the tables as they were
-    before that checkpoint's job row (the cut), as they are after it commits, its time and decisions."""
+    before the commit after that checkpoint (the cut), as they are after it, its time and decisions."""
     tables: Tables = ({}, {}, {})
     for t, store in checkpoints(trace, tables):
         version = store.job(trace.job_id).model_version  # type: ignore[union-attr]
@@ -81,9 +78,9 @@ def cut_at_refit_with_flags(trace: JobTrace) -> tuple[Tables, Tables, float, lis
         refitted = store.job(trace.job_id).model_version != version  # type: ignore[union-attr]
         if refitted and version > 0 and any(d.is_straggler for d in decisions):
             cut = copy_of(tables)
-            commit(store, trace.job_id, t)
+            commit(store)
             return cut, tables, t, decisions
-        commit(store, trace.job_id, t)
+        commit(store)
     raise AssertionError("the synthetic job never refitted at a checkpoint with a flag")
 
 
@@ -109,35 +106,11 @@ def test_a_job_rebuilt_before_any_checkpoint_decides_as_the_cached_one(trace: Jo
         rebuilt = store_over(copy_of(tables))
         expected = store.evaluate(trace.job_id, t)
         assert verdicts(rebuilt.evaluate(trace.job_id, t)) == verdicts(expected), f"checkpoint {t}"
-        commit(store, trace.job_id, t)
+        commit(store)
         assert len(tables[2]) <= 1, "a superseded model outlived the job row that replaced it"
         flags += sum(d.is_straggler for d in expected)
         evaluated += bool(expected)
     assert evaluated >= 5 and flags > 0
-
-
-def test_a_rebalance_between_evaluation_and_commit_keeps_what_the_checkpoint_did(trace: JobTrace) -> None:
-    """The agent awaits the broker between `evaluate` and `record_evaluation`; a rebalance there
-    clears the cache. The commit must still record the model and flags the checkpoint produced."""
-    tables: Tables = ({}, {}, {})
-    for t, store in checkpoints(trace, tables):
-        job, meta = store.job(trace.job_id), store.meta(trace.job_id)
-        assert job is not None and meta is not None
-        version = job.model_version
-        decisions = store.evaluate(trace.job_id, t)
-        if not (job.model_version != version and version > 0 and any(d.is_straggler for d in decisions)):
-            commit(store, trace.job_id, t)
-            continue
-        store.forget_cache()  # partitions moved while the agent awaited the acknowledgements
-        store.record_evaluation(t, job, meta)
-        store.retire_models(trace.job_id, keep=job.model_version)
-        rebuilt = store_over(copy_of(tables)).job(trace.job_id)
-        assert rebuilt is not None
-        assert (rebuilt.model_version, rebuilt.fitted_on) == (job.model_version, job.fitted_on)
-        assert rebuilt.state.flagged == job.state.flagged
-        assert len(tables[2]) == 1
-        return
-    raise AssertionError("the synthetic job never refitted at a checkpoint with a flag")
 
 
 def test_a_missing_model_version_means_a_refit_not_a_crash(trace: JobTrace) -> None:
@@ -194,76 +167,68 @@ def first_checkpoint_with_flags(trace: JobTrace) -> tuple[Tables, Tables, JobSto
         flagged = {d.task_id for d in store.evaluate(trace.job_id, t) if d.is_straggler}
         if flagged:
             return before, tables, store, t, flagged
-        commit(store, trace.job_id, t)
+        commit(store)
     raise AssertionError("the synthetic job never flagged a task")
 
 
-def test_a_checkpoint_writes_no_task_row_its_flags_ride_in_the_job_row(trace: JobTrace) -> None:
-    before, tables, store, t, flagged = first_checkpoint_with_flags(trace)
-    assert len(tables[0]) == len(before[0]), "the evaluation wrote a task row"
-    commit(store, trace.job_id, t)
+def test_a_checkpoints_flags_ride_in_the_job_row_until_a_task_row_carries_them(trace: JobTrace) -> None:
+    """Killed between a commit's job rows and its task rows, a rebuilt job still has the flags."""
+    _, tables, store, _, flagged = first_checkpoint_with_flags(trace)
+    store.write_job_rows()  # step 2; not step 3
     meta = store.meta(trace.job_id)
     assert meta is not None and set(meta.checkpoint_flags) == flagged
-    assert set(meta.checkpoint_flags.values()) == {t}
+    job = store_over(copy_of(tables)).job(trace.job_id)
+    assert job is not None and flagged <= set(job.state.flagged)
+    store.write_task_rows()
+    assert meta.checkpoint_flags == {}, "a task row carries them now"
 
 
 def test_flags_only_in_the_job_row_survive_a_rebuild_and_later_checkpoints(trace: JobTrace) -> None:
-    """A worker rebuilt right after the commit gets the flags from the job row alone; they must reach
-    a task row before the next job row (which names only its own flags) replaces them."""
+    """A worker rebuilt from a job row whose task row was lost gets the flags from the job row; they
+    must reach a task row before a later job row (which names only the flags since) replaces them."""
     _, tables, store, t, flagged = first_checkpoint_with_flags(trace)
-    commit(store, trace.job_id, t)
+    store.write_job_rows()
     rebuilt = store_over(tables)
     job = rebuilt.job(trace.job_id)
     assert job is not None and flagged <= set(job.state.flagged)
-    later = t + 3600.0  # a checkpoint with no new observation: only the evaluation writes
+    later = t + 3600.0  # a checkpoint with no new observation
     rebuilt.evaluate(trace.job_id, later)
-    commit(rebuilt, trace.job_id, later)
+    commit(rebuilt)
     again = store_over(copy_of(tables)).job(trace.job_id)
     assert again is not None
     assert flagged <= set(again.state.flagged), "the first checkpoint's flags were lost"
 
 
-def test_models_are_retired_only_once_the_job_row_naming_the_new_one_is_acknowledged(trace: JobTrace) -> None:
+def test_models_are_retired_only_once_the_job_row_naming_the_new_one_is_written(trace: JobTrace) -> None:
     tables: Tables = ({}, {}, {})
     for t, store in checkpoints(trace, tables):
         job = store.job(trace.job_id)
-        meta = store.meta(trace.job_id)
-        assert job is not None and meta is not None
+        assert job is not None
         version = job.model_version
         store.evaluate(trace.job_id, t)
         if job.model_version == version or version == 0:
-            commit(store, trace.job_id, t)
+            commit(store)
             continue
-        store.record_evaluation(t, job, meta)
-        assert store.awaiting_acknowledgement(trace.job_id)
         assert len(tables[2]) == 2, "the model the durable row names is gone before its successor is"
-        sent = store.unacknowledged()
-        store.acknowledged(sent)
-        assert not store.awaiting_acknowledgement(trace.job_id)
+        written = store.write_job_rows()
+        assert len(tables[2]) == 2
+        store.retire_models(written)
         assert list(tables[2]) == [model_key(trace.job_id, job.model_version)]
         return
     raise AssertionError("the synthetic job never refitted")
 
 
-def test_held_records_are_released_only_by_their_jobs_task_row() -> None:
-    """`hold` ties an input record to the job's unwritten changes: the job's next task row (or its
-    drop) releases it, nothing else; a rebalance forgets it with the changes."""
+def test_a_dropped_job_is_unknown_at_once_and_its_rows_are_deleted_by_the_next_commit(
+    trace: JobTrace,
+) -> None:
     tables: Tables = ({}, {}, {})
-    store = store_over(tables)
-    for job_id in ("a", "b"):
-        store.start(job_id, 10, ["x"], live=False)
-        job = store.job(job_id)
-        assert job is not None
-        job.state.observe_running("t", np.array([1.0]), 0.0, 1.0, 0)
-        store.put_task(job, "t")
-        store.hold(job_id, ("in", 0, ord(job_id)))
-    store.write_changes("b")
-    assert store.holder(("in", 0, ord("b"))) is None and store.holder(("in", 0, ord("a"))) == "a"
-    store.evaluate("a", 2.0)
-    assert store.holder(("in", 0, ord("a"))) is None and len(tables[0]) == 2
-    store.hold("a", ("in", 0, 1))
-    store.drop("a")
-    assert store.holder(("in", 0, 1)) is None
-    store.hold("b", ("in", 0, 2))
-    store.forget_cache()
-    assert store.holder(("in", 0, 2)) is None
+    for t, store in checkpoints(trace, tables):
+        if store.evaluate(trace.job_id, t):
+            commit(store)
+            break
+    assert all(tables)
+    store.drop(trace.job_id)
+    assert store.meta(trace.job_id) is None and store.job(trace.job_id) is None
+    assert all(tables), "deleted before the commit"
+    commit(store)
+    assert tables == ({}, {}, {})
