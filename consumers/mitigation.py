@@ -42,9 +42,9 @@ log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.5
 """Longest a consume call blocks, so ``stop`` and ``idle_timeout`` are noticed within about this."""
-SESSION_TIMEOUT_MS = 10_000
+MEMBER_TIMEOUT_MS = 10_000
 """How soon the group notices a killed instance (librdkafka's default is 45 s)."""
-ASSIGNMENT_WAIT_S = 3 * SESSION_TIMEOUT_MS / 1000
+ASSIGNMENT_WAIT_S = 3 * MEMBER_TIMEOUT_MS / 1000
 """How long a bounded run (``idle_timeout``) waits for its first assignment."""
 REBUILD_TIMEOUT_S = 300.0
 """Give up (raise) when a rebuild has not reached the committed offsets by then; stays under the
@@ -201,7 +201,7 @@ class MitigationConsumer:
     def _consumer_config(self) -> ClientConfig:
         config = consumer_config(self.bootstrap, self.group_id, read_committed=True)
         config["partition.assignment.strategy"] = "range"  # co-partitioned topics to one member
-        config["session.timeout.ms"] = SESSION_TIMEOUT_MS
+        config["session.timeout.ms"] = MEMBER_TIMEOUT_MS
         return config
 
     def _producer_config(self) -> ClientConfig:

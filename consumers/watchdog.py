@@ -100,8 +100,10 @@ def supervise(
     """Run `MitigationConsumer(**options)` in a child process; restart it when it stalls.
 
     A child that fails (a fatal Kafka error, a bad option) is not restarted: that is not a stall, and
-    a restart would fail the same way. At most ``max_restarts`` restarts, so a broker that never
-    comes back ends the run instead of looping forever.
+    a restart would fail the same way. A child killed by a signal it did not ask for (librdkafka
+    aborts on some broker restarts) is restarted like a stuck one: it said nothing, and a restart is
+    as safe as after a SIGKILL. At most ``max_restarts`` restarts, so a broker that never comes back
+    ends the run instead of looping forever.
     """
     context = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue = context.Queue()
@@ -131,6 +133,9 @@ def supervise(
                 child.join()
                 stalled = True
         kind, payload = _result(results)
+        if kind == "none" and not stalled and not stopping and (child.exitcode or 0) < 0:
+            log.warning("mitigation consumer died of signal %d: restarting it", -(child.exitcode or 0))
+            stalled = True
         if kind == "stats":
             for f in fields(MitigationStats):
                 setattr(total, f.name, getattr(total, f.name) + payload[f.name])

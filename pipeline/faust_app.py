@@ -49,7 +49,7 @@ TABLE_HELP = {
     "models": "each job's fitted method, at every refit",
 }
 TABLES = tuple(TABLE_HELP)
-SESSION_TIMEOUT_S = 10.0
+MEMBER_TIMEOUT_S = 10.0
 """How soon the group notices a killed worker and hands its partitions on (Faust's default is 60 s)."""
 
 
@@ -162,7 +162,7 @@ def faust_app(settings: WorkerSettings) -> faust.App:
         web_enabled=False,
         producer_acks=-1,
         broker_commit_interval=1.0,
-        broker_session_timeout=SESSION_TIMEOUT_S,
+        broker_session_timeout=MEMBER_TIMEOUT_S,
         # No standby replicas: the memory store drops the rows of every partition that is not active
         # at the end of a recovery, while Faust's recovery remembers how far it read that partition as
         # a standby; a worker taking the partition over then skips the changelog and misses its jobs.
