@@ -8,10 +8,13 @@ view as child processes (as compose runs them), the trace replayed in-process wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -91,7 +94,9 @@ def browse(url: str, steps: Sequence[str], timeout: float = 60.0) -> list[Any]:
     binary = chromium()
     if binary is None:
         raise RuntimeError("chromium not found: run scripts/setup.sh as root, or apt-get install chromium")
-    with tempfile.TemporaryDirectory(prefix="liveview-browser-") as profile:
+    # Chromium's helper processes can still write to the profile as its main process exits: the whole
+    # process group is stopped, and a file written in between does not fail the run.
+    with tempfile.TemporaryDirectory(prefix="liveview-browser-", ignore_cleanup_errors=True) as profile:
         process = subprocess.Popen(
             [
                 binary,
@@ -104,17 +109,26 @@ def browse(url: str, steps: Sequence[str], timeout: float = 60.0) -> list[Any]:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             port = _devtools_port(Path(profile), process, timeout)
             return asyncio.run(asyncio.wait_for(_drive(port, url, steps), timeout))
         finally:
-            process.terminate()
-            try:
-                process.wait(10.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10.0)
+            _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop Chromium (SIGTERM, SIGKILL after 10 s), then whatever of its process group is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(10.0)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def _devtools_port(profile: Path, process: subprocess.Popen[bytes], timeout: float) -> int:
