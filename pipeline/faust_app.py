@@ -111,7 +111,9 @@ def start_uncommitted_inputs_at_their_beginning(app: faust.App, topics: set[str]
         consumer: Any = app.consumer  # seek_to_committed is not in ConsumerT
         committed = await consumer.seek_to_committed()
         uncommitted = [
-            tp for tp in consumer.assignment() if tp.topic in topics and (committed.get(tp) or -1) < 0
+            tp
+            for tp in consumer.assignment()
+            if tp.topic in topics and (committed.get(tp) is None or committed[tp] < 0)
         ]
         if uncommitted:
             for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():

@@ -141,21 +141,23 @@ def test_every_row_goes_to_its_jobs_partition_whatever_event_is_in_hand() -> Non
 
 def test_after_a_recovery_the_inputs_the_group_never_committed_start_at_their_beginning() -> None:
     """`start_uncommitted_inputs_at_their_beginning`: an input partition without a committed offset is
-    sought to its earliest offset; a committed one, and a changelog partition, are left where the
-    recovery put them. Faust sends ``on_rebalance_complete`` before its seek to committed offsets."""
+    sought to its earliest offset; a committed one (offset 0 too), and a changelog partition, are left
+    where the recovery put them. Faust sends ``on_rebalance_complete`` before its seek to committed
+    offsets."""
     from faust.types import TP
 
     from pipeline.faust_app import start_uncommitted_inputs_at_their_beginning
 
-    fresh, committed, changelog = TP("in", 0), TP("in", 1), TP("app-tasks-changelog", 0)
+    fresh, committed, at_zero = TP("in", 0), TP("in", 1), TP("in", 2)
+    changelog = TP("app-tasks-changelog", 0)
     seeks: list[tuple[TP, int]] = []
 
     class RecoveredConsumer:
         def assignment(self) -> set[TP]:
-            return {fresh, committed, changelog}
+            return {fresh, committed, at_zero, changelog}
 
         async def seek_to_committed(self) -> dict[TP, int | None]:
-            return {fresh: None, committed: 7, changelog: None}
+            return {fresh: None, committed: 7, at_zero: 0, changelog: None}
 
         async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
             return dict.fromkeys(tps, 3)
