@@ -83,7 +83,7 @@ def run_once(records: Sequence[InputRecord], method: str) -> tuple[dict[str, flo
     for record in records:
         t0 = clock()
         event = handler.admit(record)
-        if isinstance(event, TaskBatch | TaskCheckpoint):  # a batch with a bad observation (none here)
+        if isinstance(event, TaskBatch | TaskCheckpoint):  # one observation, or a batch with a bad one
             event = _returned(handler._observations(record, event))
         t1 = clock()
         seconds["decode"] += t1 - t0

@@ -238,10 +238,9 @@ class JobEventHandler:
         """The record's valid task observations; each invalid one of a batch is dead-lettered alone."""
         if isinstance(tasks, TaskCheckpoint):
             tasks = TaskObservations(tasks.job_id, [tasks])
-        if isinstance(tasks, TaskObservations):
-            self.stats.task_events += len(tasks.observations)
-            return tasks
         self.stats.task_events += len(tasks.observations)
+        if isinstance(tasks, TaskObservations):
+            return tasks
         valid = []
         for body, observation in zip(tasks.observations, observations(tasks, record.value), strict=True):
             if isinstance(observation, SchemaError):

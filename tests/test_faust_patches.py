@@ -26,11 +26,10 @@ from pipeline.faust_patches import (
 
 
 def test_the_faust_internals_the_patches_use_are_there() -> None:
-    """Faust 0.15's names and shapes: ``Message.acked``, ``Consumer.wait_empty``, the stream's
-    current-event context variable, ``ProducerBuffer.flush``/``flush_atmost``/``size``."""
+    """Faust 0.15's names and shapes: ``Message.acked``, ``Consumer.wait_empty``,
+    ``ProducerBuffer.flush``/``flush_atmost``/``size``."""
     assert "acked" in faust.types.tuples.Message.__slots__
     assert inspect.iscoroutinefunction(Consumer.wait_empty)
-    assert streams._current_event.get(None) is None
     assert inspect.iscoroutinefunction(ProducerBuffer.flush)
     assert list(inspect.signature(ProducerBuffer.flush_atmost).parameters) == ["self", "max_messages"]
     assert inspect.getsource(ProducerBuffer.flush).count("flush_atmost") == 1, "flush no longer times out"
@@ -126,7 +125,7 @@ def test_every_row_goes_to_its_jobs_partition_whatever_event_is_in_hand() -> Non
 
     settings = WorkerSettings(bootstrap="127.0.0.1:9", partitions=8)
     app = create_app(settings)  # nothing is contacted
-    assert streams._current_event.get(None) is None, "no event in hand"
+    assert streams.current_event() is None, "no event in hand"
     homes = {job_id: partition_of(job_id, 8) for job_id in ("a", "job-17", "x\u00e9")}
     assert len(set(homes.values())) > 1
     for name in ("tasks", "jobs", "models"):
