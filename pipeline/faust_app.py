@@ -117,7 +117,10 @@ def start_uncommitted_inputs_at_their_beginning(app: faust.App, topics: set[str]
         ]
         if uncommitted:
             for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():
-                await consumer.seek(tp, offset)
+                # only where records were read past: a seek races aiokafka's fetcher (it crashed a
+                # worker once with a KeyError in `Fetcher.fetched_records`), so none that is not needed
+                if (await consumer.position(tp) or 0) > offset:
+                    await consumer.seek(tp, offset)
 
     app.on_rebalance_complete.connect(cast(Any, seek_uncommitted))
 

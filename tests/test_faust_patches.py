@@ -161,6 +161,9 @@ def test_after_a_recovery_the_inputs_the_group_never_committed_start_at_their_be
         async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
             return dict.fromkeys(tps, 3)
 
+        async def position(self, tp: TP) -> int:
+            return 5
+
         async def seek(self, tp: TP, offset: int) -> None:
             seeks.append((tp, offset))
 
