@@ -4,7 +4,7 @@
                                                  \\--> dead-letters (anything that fails to decode)
 
 What each record asks is decided by `pipeline.handler` (the job's `OnlineJob`, the object the offline
-evaluator drives, at every boundary); this module performs it with Faust, ticks the jobs that send no
+evaluator drives, at every boundary); this module sends it with Faust, ticks the jobs that send no
 boundaries (live telemetry), and acknowledges the records at each group commit (`pipeline.group_commit`).
 """
 
@@ -21,13 +21,7 @@ from pipeline.faust_app import create_changelog_topics as create_changelog_topic
 from pipeline.faust_app import faust_app, job_store, start_uncommitted_inputs_at_their_beginning
 from pipeline.faust_patches import acknowledged, give_up, let_go_before_waiting
 from pipeline.group_commit import COMMIT_SECONDS, GroupCommit, InputRecord
-from pipeline.handler import (
-    Action,
-    AgentStats,
-    JobEventHandler,
-    Send,
-    process,
-)
+from pipeline.handler import AgentStats, JobEventHandler, Send, process
 from pipeline.jobstore import Position
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
 from pipeline.settings import WorkerSettings
@@ -35,14 +29,9 @@ from pipeline.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: WorkerSettings) -> faust.App:
-    """Build the worker's App with its topics, tables, agent and timers (`Worker`)."""
-    return Worker(settings).app
-
-
 class Worker:
     """The worker's Faust wiring: its topics and tables, the agent that hands each record to
-    `pipeline.handler.process`, and the timers; it performs the handler's actions and acknowledges
+    `pipeline.handler.process`, and the timers; it sends what the handler asks for and acknowledges
     the records each `GroupCommit.commit` hands out."""
 
     def __init__(self, settings: WorkerSettings) -> None:
@@ -50,13 +39,9 @@ class Worker:
         self.app = app = faust_app(settings)
         topic = partial(app.topic, key_type=bytes, value_type=bytes)
         self.inputs = topic(names.checkpoints, names.job_events)
-        self.home_topics = {name: topic(name) for name in (names.checkpoints, names.job_events)}
-        """Where a record on a foreign partition is copied to."""
-        self.outputs = {
-            "predictions": topic(names.predictions),
-            "dead-letters": topic(names.dead_letters),
-            "checkpoints": self.home_topics[names.checkpoints],  # live jobs' timer boundaries
-        }
+        outputs = (names.predictions, names.dead_letters, names.checkpoints, names.job_events)
+        self.outputs = {name: topic(name) for name in outputs}
+        """The topics a `Send` names; the input topics take copies of records and live jobs' ticks."""
         self.store = job_store(app, settings)
         admm = None
         if settings.admm_interval is not None:
@@ -72,6 +57,7 @@ class Worker:
             method=settings.method,
             partitions=settings.partitions,
             pending_grace=settings.pending_grace,
+            topics=names,
             stats=stats,
             metrics=metrics,
             consensus=admm,
@@ -99,7 +85,7 @@ class Worker:
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
             async with self.handling:
                 self.unacknowledged[record.position] = event
-                await process(self.handler, record, self.perform)
+                await process(self.handler, record, self.send)
                 if record.position in self.unacknowledged:
                     self.commits.handled(record)
                 else:  # its partition was let go meanwhile: its changes go too
@@ -146,27 +132,18 @@ class Worker:
         if not self.unacknowledged:
             self.store.forget_cache()
 
-    async def perform(self, action: Action) -> None:
+    async def send(self, out: Send) -> None:
         """Send what the handler asks for."""
-        if isinstance(action, Send):
-            await self.outputs[action.to].send(key=action.key, value=action.value)
-        else:
-            # Sends keep their order per partition, so one producer's records of a job stay in order;
-            # the source offset is committed only after the copy is on the broker (a group commit's
-            # step 1), so a crash forwards it again at worst: a repeated record changes nothing.
-            record = action.record
-            await self.home_topics[record.topic].send(
-                key=record.key, value=record.value, partition=action.partition
-            )
+        await self.outputs[out.topic].send(key=out.key, value=out.value, partition=out.partition)
 
     async def expire_pending(self) -> None:
         """Task events whose job never started go to dead letters once the grace period is over."""
         async with self.handling:
             for letter in self.handler.expire_pending():
-                await self.perform(letter)
+                await self.send(letter)
 
     async def evaluate_live_jobs(self) -> None:
         """Jobs that send no boundaries get one from the worker, into their own partition
         (`JobEventHandler.live_ticks`)."""
         for tick in self.handler.live_ticks():
-            await self.perform(tick)
+            await self.send(tick)

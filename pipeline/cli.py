@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from pipeline.app import create_app, create_changelog_topics
+    from pipeline.app import Worker, create_changelog_topics
     from pipeline.settings import WorkerSettings
     from straggler.kafka.names import TopicNames
 
@@ -56,7 +56,7 @@ def _worker(args: argparse.Namespace) -> int:
         from pipeline.admm_online import create_topics
 
         create_topics(settings)
-    app = create_app(settings)
+    app = Worker(settings).app
     log.info(
         "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s, metrics %s",
         settings.bootstrap,

@@ -154,7 +154,8 @@ def create_changelog_topics(settings: WorkerSettings) -> list[str]:
 
 def faust_app(settings: WorkerSettings) -> faust.App:
     """An App configured as the worker's (broker, credentials, acknowledgements, commits, recovery),
-    with no topic, table or agent yet: `create_app` adds the worker's, bench/faust_floor.py its own."""
+    with no topic, table or agent yet: `pipeline.app.Worker` adds the worker's, bench/faust_floor.py
+    its own."""
     app = faust.App(
         app_id(settings),
         broker=f"kafka://{settings.bootstrap}",

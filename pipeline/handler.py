@@ -1,8 +1,8 @@
 """What each input record asks the worker to do, without Faust.
 
-`JobEventHandler` decodes, routes and applies records to the jobs of a `JobStore`, and yields
-actions: sends (prediction parts, dead letters, live jobs' timer boundaries) and forwards.
-`pipeline.app` performs the actions; `process` is the whole of one record's handling. The records
+`JobEventHandler` decodes, routes and applies records to the jobs of a `JobStore`, and yields what
+to send: prediction parts, dead letters, live jobs' timer boundaries, and records copied to their
+job's partition. `pipeline.app` sends them; `process` is the whole of one record's handling. The records
 are acknowledged at the next group commit (`pipeline.group_commit`), but those waiting for their
 job's start (`JobEventHandler.waiting_for_start`).
 """
@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import orjson
 
@@ -37,6 +37,7 @@ from schemas import (
 )
 from straggler.core.decision_event import prediction_parts
 from straggler.core.online import Decision, OnlineJob
+from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Forward, Reject, route
 
 log = logging.getLogger(__name__)
@@ -69,28 +70,19 @@ class AgentStats:
     """Input records copied to their job's partition (`straggler.kafka.routing`)."""
 
 
-Output = Literal["predictions", "dead-letters", "checkpoints"]
-
-
 @dataclass(frozen=True)
 class Send:
-    """Send ``value`` keyed ``key`` to an output topic: a prediction part, a dead letter, or a live
-    job's timer boundary (to the checkpoints topic, into the job's partition)."""
+    """Send ``value`` keyed ``key`` to ``topic``: a prediction part, a dead letter, a live job's timer
+    boundary, or a copy of an input record into ``partition``, its job's (`straggler.kafka.routing`).
 
-    to: Output
+    A copy keeps the order of its producer's records of the job, as sends keep their order per
+    partition; its source record is acknowledged once the copy is on the broker (a group commit's
+    step 1), so a crash copies it again at worst, and a repeated record changes nothing."""
+
+    topic: str
     key: bytes | None
     value: bytes
-
-
-@dataclass(frozen=True)
-class ForwardRecord:
-    """Copy ``record``, unchanged, to ``partition`` of its topic (its job's partition)."""
-
-    record: InputRecord
-    partition: int
-
-
-Action = Send | ForwardRecord
+    partition: int | None = None
 
 
 class AgentMetrics(Protocol):
@@ -119,7 +111,7 @@ class ConsensusHooks(Protocol):
 class JobEventHandler:
     """The agent's state beyond the tables (events waiting for their job's start) and its rules.
 
-    ``handle`` is a generator: the worker performs each action it yields before resuming it.
+    ``handle`` is a generator: the worker sends what it yields before resuming it.
     """
 
     store: JobStore
@@ -128,6 +120,7 @@ class JobEventHandler:
     partitions: int
     """Of the input topics: a record on another partition than its job's is forwarded there."""
     pending_grace: float
+    topics: TopicNames = field(default_factory=TopicNames)
     stats: AgentStats = field(default_factory=AgentStats)
     metrics: AgentMetrics | None = None
     consensus: ConsensusHooks | None = None
@@ -147,7 +140,7 @@ class JobEventHandler:
         """Partitions are about to move: forget the records waiting for their jobs' start."""
         self.pending.clear()
 
-    def admit(self, record: InputRecord) -> Event | TaskObservations | Send | ForwardRecord:
+    def admit(self, record: InputRecord) -> Event | TaskObservations | Send:
         """The record's event (a valid task batch read in one pass), to `handle` here; or what disposes
         of it (a dead letter, a forward)."""
         self.stats.events += 1
@@ -156,20 +149,20 @@ class JobEventHandler:
             try:
                 decoded = decode(record.value)
             except SchemaError as error:
-                return self._dead_letter(record, error)
+                return self.dead_letter(record, error)
         if isinstance(decoded, TaskObservations | TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent):
             where = route(record.key, decoded.job_id, record.partition, self.partitions)
             if isinstance(where, Forward):
                 self.stats.forwarded += 1
-                return ForwardRecord(record, where.partition)
+                return Send(record.topic, record.key, record.value or b"", where.partition)
             if isinstance(where, Reject):
-                return self._dead_letter(record, where.reason)
+                return self.dead_letter(record, where.reason)
         return decoded
 
-    def handle(self, record: InputRecord) -> Iterator[Action]:
+    def handle(self, record: InputRecord) -> Iterator[Send]:
         """Admit the record and apply its event; a task input of a job not started yet waits in `pending`."""
         match self.admit(record):
-            case Send() | ForwardRecord() as disposal:
+            case Send() as disposal:
                 yield disposal
             case TaskObservations() | TaskCheckpoint() | TaskBatch() as tasks:
                 work = yield from self._observations(record, tasks)
@@ -179,11 +172,7 @@ class JobEventHandler:
                 self.stats.boundaries += isinstance(event, CheckpointBoundary)
                 yield from self._dispatch(record, event)
             case other:
-                yield self._dead_letter(record, f"unexpected {other.type} event on {record.topic}")
-
-    def failed(self, record: InputRecord, error: Exception) -> Send:
-        """The dead letter of a record whose handling raised: one bad event must not stop the agent."""
-        return self._dead_letter(record, f"internal error: {type(error).__name__}: {error}")
+                yield self.dead_letter(record, f"unexpected {other.type} event on {record.topic}")
 
     def expire_pending(self) -> list[Send]:
         """Dead letters for the events whose job has not started within the grace period (the next
@@ -197,7 +186,7 @@ class JobEventHandler:
                 f"event for unknown job {job_id!r}: no job_event 'started' within {self.pending_grace:.0f}s"
             )
             for waiting in self.pending.pop(job_id):
-                letters.append(self._dead_letter(waiting.record, reason))
+                letters.append(self.dead_letter(waiting.record, reason))
         return letters
 
     def live_ticks(self) -> list[Send]:
@@ -218,10 +207,10 @@ class JobEventHandler:
                 produced_at=now,
                 origin="timer",
             )
-            ticks.append(Send("checkpoints", job_id.encode(), encode(tick)))
+            ticks.append(Send(self.topics.checkpoints, job_id.encode(), encode(tick)))
         return ticks
 
-    def _dead_letter(
+    def dead_letter(
         self, record: InputRecord, error: str | BaseException, payload: bytes | None = None
     ) -> Send:
         """Letter ``record`` (or ``payload``, one observation of its batch) with the reason."""
@@ -230,7 +219,7 @@ class JobEventHandler:
             self.metrics.dead_lettered(error)
         raw = (record.value or b"") if payload is None else payload
         letter = dead_letter_for(raw, record.topic, record.partition, record.offset, error, stage="agent")
-        return Send("dead-letters", record.key, encode(letter))
+        return Send(self.topics.dead_letters, record.key, encode(letter))
 
     def _observations(
         self, record: InputRecord, tasks: TaskObservations | TaskCheckpoint | TaskBatch
@@ -244,12 +233,12 @@ class JobEventHandler:
         valid = []
         for body, observation in zip(tasks.observations, observations(tasks, record.value), strict=True):
             if isinstance(observation, SchemaError):
-                yield self._dead_letter(record, observation, payload=orjson.dumps(body))
+                yield self.dead_letter(record, observation, payload=orjson.dumps(body))
             else:
                 valid.append(observation)
         return TaskObservations(tasks.job_id, valid)
 
-    def _dispatch(self, record: InputRecord, work: TaskInput | JobEvent) -> Iterator[Action]:
+    def _dispatch(self, record: InputRecord, work: TaskInput | JobEvent) -> Iterator[Send]:
         """Apply ``work``; a task input of a job not started yet waits in `pending`."""
         if isinstance(work, JobEvent):
             yield from self._apply_job_event(work)
@@ -272,7 +261,7 @@ class JobEventHandler:
         store.put_tasks(job, changed)
         self.stats.ignored += len(work.observations) - len(changed)
 
-    def _apply_boundary(self, event: CheckpointBoundary) -> Iterator[Action]:
+    def _apply_boundary(self, event: CheckpointBoundary) -> Iterator[Send]:
         meta = self.store.meta(event.job_id)
         assert meta is not None
         if event.origin == "timer":
@@ -284,34 +273,29 @@ class JobEventHandler:
             self.store.meta_changed(event.job_id)
         yield from self._evaluate(event.job_id, event.checkpoint_time, event.produced_at)
 
-    def _apply_job_event(self, event: JobEvent) -> Iterator[Action]:
-        """Start or end the job; a start applies the job's inputs that waited for it."""
-        self._start_or_end(event)
-        if self.store.meta(event.job_id) is not None:
-            for waiting in self.pending.pop(event.job_id, []):  # in the order they arrived
-                yield from self._dispatch(waiting.record, waiting.work)
-
-    def _start_or_end(self, event: JobEvent) -> None:
-        store = self.store
+    def _apply_job_event(self, event: JobEvent) -> Iterator[Send]:
+        """Start or end the job, then apply the job's inputs that waited for its start."""
+        store, meta = self.store, self.store.meta(event.job_id)
         if event.event == "started":
             assert event.expected_tasks is not None
             live = not event.sends_boundaries
             store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=live)
             kind = "live" if live else "replayed"
             log.info("job %s started: %d tasks, %s", event.job_id, event.expected_tasks, kind)
-            return
-        meta = store.meta(event.job_id)
-        if meta is None:
+        elif meta is None:
             self.stats.ignored += 1
-            return
-        log.info("job %s ended at %g", event.job_id, event.time)
-        if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
-            self._drop(event.job_id)
         else:
-            meta.ended_at = event.time
-            store.meta_changed(event.job_id)
+            log.info("job %s ended at %g", event.job_id, event.time)
+            if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
+                self._drop(event.job_id)  # its last checkpoint is evaluated
+            else:
+                meta.ended_at = event.time  # dropped once a boundary evaluates its end
+                store.meta_changed(event.job_id)
+        if store.meta(event.job_id) is not None:
+            for waiting in self.pending.pop(event.job_id, []):  # in the order they arrived
+                yield from self._dispatch(waiting.record, waiting.work)
 
-    def _evaluate(self, job_id: str, at: float, boundary_produced_at: float | None) -> Iterator[Action]:
+    def _evaluate(self, job_id: str, at: float, boundary_produced_at: float | None) -> Iterator[Send]:
         """Evaluate the checkpoint and publish its decisions; the next commit writes what it changed."""
         meta, job = self.store.meta(job_id), self.store.job(job_id)
         if meta is None or job is None or (meta.last_evaluated is not None and at <= meta.last_evaluated):
@@ -332,7 +316,7 @@ class JobEventHandler:
             produced_at=self.wall_clock(),
         )
         for part in prediction_parts(decisions, self.method, marker):
-            yield Send("predictions", job_id.encode(), part)
+            yield Send(self.topics.predictions, job_id.encode(), part)
         if self.metrics is not None:
             self.metrics.evaluated(decisions, refit_seconds, boundary_produced_at, self.wall_clock())
         self.stats.predictions += len(decisions)
@@ -346,16 +330,16 @@ class JobEventHandler:
 
 
 async def process(
-    handler: JobEventHandler, record: InputRecord, perform: Callable[[Action], Awaitable[None]]
+    handler: JobEventHandler, record: InputRecord, send: Callable[[Send], Awaitable[None]]
 ) -> None:
-    """Handle one input record, performing each action before the handler goes on.
+    """Handle one input record, sending what it asks for before the handler goes on.
 
     A failure while handling (the handler's or a send's) dead-letters the record as an internal error."""
     try:
-        for action in handler.handle(record):
-            await perform(action)
+        for out in handler.handle(record):
+            await send(out)
     except Exception as error:  # one bad event must not stop the agent
         log.exception(
             "failed on record %s[%d]@%d (key %r)", record.topic, record.partition, record.offset, record.key
         )
-        await perform(handler.failed(record, error))
+        await send(handler.dead_letter(record, f"internal error: {type(error).__name__}: {error}"))

@@ -15,13 +15,7 @@ import orjson
 import pytest
 
 from pipeline.group_commit import GroupCommit, InputRecord
-from pipeline.handler import (
-    Action,
-    ForwardRecord,
-    JobEventHandler,
-    Send,
-    process,
-)
+from pipeline.handler import JobEventHandler, Send, process
 from pipeline.jobstore import JobMeta, JobStore, new_online_job
 from schemas import (
     CheckpointBoundary,
@@ -38,10 +32,12 @@ from schemas import (
 from straggler.core.online import OnlineJob
 from straggler.core.partitioner import partition_of
 from straggler.core.registry import make_method
+from straggler.kafka.names import TopicNames
 
 PARTITIONS = 4
-CHECKPOINTS = "task-checkpoints"
-JOB_EVENTS = "job-events"
+TOPICS = TopicNames()
+CHECKPOINTS = TOPICS.checkpoints
+JOB_EVENTS = TOPICS.job_events
 FEATURES = {"cpu": 1.0, "mem": 2.0}
 Tables = tuple[dict[bytes, bytes], dict[bytes, bytes], dict[bytes, bytes]]
 
@@ -80,11 +76,11 @@ class Worker:
         home = partition_of(job_id, PARTITIONS) if partition is None else partition
         return InputRecord(job_id.encode(), value, topic, home, self.offset)
 
-    def send(self, record: InputRecord, perform: Callable[[Action], None] | None = None) -> list[Action]:
+    def send(self, record: InputRecord, perform: Callable[[Send], None] | None = None) -> list[Send]:
         """Everything the handler asks for one record, in order (``perform`` sees each first)."""
-        actions: list[Action] = []
+        actions: list[Send] = []
 
-        async def collect(action: Action) -> None:
+        async def collect(action: Send) -> None:
             if perform is not None:
                 perform(action)
             actions.append(action)
@@ -105,7 +101,7 @@ class Worker:
         self.acknowledged += offsets
         return offsets
 
-    def event(self, event: Any) -> list[Action]:
+    def event(self, event: Any) -> list[Send]:
         topic = JOB_EVENTS if isinstance(event, JobEvent) else CHECKPOINTS
         return self.send(self.record(topic, event.job_id, encode(event)))
 
@@ -170,12 +166,12 @@ def some_finished(job_id: str = "j") -> list[TaskCheckpoint]:
     return [finished(f"f{i}", 3.0 + i, job_id) for i in range(4)]
 
 
-def evaluations(actions: list[Action]) -> list[tuple[list[Prediction], CheckpointEvaluated]]:
+def evaluations(actions: list[Send]) -> list[tuple[list[Prediction], CheckpointEvaluated]]:
     """The checkpoints the actions publish: their verdicts and marker (all parts read)."""
     out = []
     verdicts: list[Prediction] = []
     for action in actions:
-        if isinstance(action, Send) and action.to == "predictions":
+        if action.topic == TOPICS.predictions:
             batch = decode(action.value)
             assert isinstance(batch, PredictionBatch)
             part, marker = expand_predictions(batch)
@@ -186,10 +182,10 @@ def evaluations(actions: list[Action]) -> list[tuple[list[Prediction], Checkpoin
     return out
 
 
-def letters(actions: list[Action]) -> list[DeadLetter]:
+def letters(actions: list[Send]) -> list[DeadLetter]:
     out = []
     for action in actions:
-        if isinstance(action, Send) and action.to == "dead-letters":
+        if action.topic == TOPICS.dead_letters:
             letter = decode(action.value)
             assert isinstance(letter, DeadLetter)
             out.append(letter)
@@ -267,7 +263,7 @@ def test_the_timer_evaluates_live_jobs_only_and_a_producer_boundary_ends_a_jobs_
 
     ticks = worker.handler.live_ticks()
     (tick,) = ticks
-    assert tick.to == "checkpoints" and tick.key == b"live"
+    assert tick.topic == TOPICS.checkpoints and tick.key == b"live"
     timer = decode(tick.value)
     assert isinstance(timer, CheckpointBoundary) and timer.origin == "timer" and timer.checkpoint_index == 1
 
@@ -348,7 +344,7 @@ def test_records_off_their_jobs_partition_are_forwarded_and_unkeyed_ones_refused
     worker = Worker()
     home = partition_of("j", PARTITIONS)
     stray = worker.record(JOB_EVENTS, "j", encode(started()), partition=(home + 1) % PARTITIONS)
-    assert worker.send(stray) == [ForwardRecord(stray, home)]
+    assert worker.send(stray) == [Send(JOB_EVENTS, stray.key, encode(started()), partition=home)]
     assert worker.meta("j") is None
 
     unkeyed = InputRecord(None, encode(started()), JOB_EVENTS, home, 99)

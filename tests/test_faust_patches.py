@@ -86,10 +86,10 @@ def test_a_stalled_buffer_fails_the_flush(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
-    from pipeline.app import create_app
+    from pipeline.app import Worker
     from pipeline.settings import WorkerSettings
 
-    app = create_app(WorkerSettings(bootstrap="127.0.0.1:9"))  # nothing is contacted
+    app = Worker(WorkerSettings(bootstrap="127.0.0.1:9")).app  # nothing is contacted
     assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
 
 
@@ -117,14 +117,14 @@ def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> 
 def test_every_row_goes_to_its_jobs_partition_whatever_event_is_in_hand() -> None:
     """`pipeline.faust_app.JobTable` overrides ``Table.partition_for_key``, which Faust's table asks
     for every write and delete: a commit writes each job's rows to its own changelog partition."""
-    from pipeline.app import create_app
+    from pipeline.app import Worker
     from pipeline.faust_app import JobTable
     from pipeline.jobstore import changes_key, model_key
     from pipeline.settings import WorkerSettings
     from straggler.core.partitioner import partition_of
 
     settings = WorkerSettings(bootstrap="127.0.0.1:9", partitions=8)
-    app = create_app(settings)  # nothing is contacted
+    app = Worker(settings).app  # nothing is contacted
     assert streams.current_event() is None, "no event in hand"
     homes = {job_id: partition_of(job_id, 8) for job_id in ("a", "job-17", "x\u00e9")}
     assert len(set(homes.values())) > 1
