@@ -3,7 +3,9 @@ import dataclasses
 import numpy as np
 import pytest
 from job_steps import each_checkpoint
+from scipy.stats import spearmanr
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
 
 from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData
@@ -21,6 +23,7 @@ from straggler.core.nurd import (
     PaperWeighting,
     PropensityWeighting,
     SkillGate,
+    SurvivalGate,
     Weighting,
     _judged,
     _Ranking,
@@ -63,6 +66,53 @@ def test_paper_formula_inflates_everything_early_and_nurd_does_not() -> None:
     assert np.median(paper.weight) < 0.2
     assert paper.is_straggler.mean() > 0.5
     assert ours.is_straggler.mean() < 0.05
+
+
+def _half_finished(signal: float, seed: int = 0) -> CheckpointData:
+    """500 tasks started together, seen when half have finished: the other half runs, censored."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(500, 3))
+    latency = np.exp(3 + signal * X[:, 0] + 0.3 * rng.normal(size=len(X)))
+    at = float(np.median(latency))
+    fin, run = np.flatnonzero(latency <= at), np.flatnonzero(latency > at)
+    return CheckpointData(
+        X[fin],
+        latency[fin],
+        X[run],
+        np.full(len(run), at),
+        float(np.quantile(latency, 0.9)),
+        len(X),
+        running_ids=tuple(f"r{i}" for i in run),
+        finished_ids=tuple(f"f{i}" for i in fin),
+    )
+
+
+def test_the_shipped_gate_gives_a_likelier_straggle_to_a_longer_predicted_run_with_no_straggler_seen() -> (
+    None
+):
+    """`SurvivalGate`: with half the tasks finished and every running task at the same elapsed time
+    (one survival prior for all), the probability follows the feature that sets latency; shrunk
+    fully (``shrink=0``) it is the prior; with no signal in the features it follows none."""
+    data = _half_finished(signal=1.0)
+    prior = Nurd.prior(data)
+    assert np.ptp(prior) == 0.0
+    model = Nurd().fit(data)
+    assert len(model.out_of_fold_) == data.n_finished  # out-of-fold predictions of the finished tasks
+    probability = model.predict(data).probability
+    assert spearmanr(probability, data.X_running[:, 0]).statistic > 0.5
+    truth = np.exp(3 + data.X_running[:, 0]) >= data.threshold  # noise aside, who straggles
+    assert roc_auc_score(truth, probability) > 0.75
+    assert probability[truth].mean() > 2 * prior[0]  # lifted above the prior where it straggles
+
+    prior_only = Nurd(gate=SurvivalGate(shrink=0.0)).fit(data).predict(data)
+    np.testing.assert_allclose(prior_only.probability, prior)
+
+    with pytest.raises(ValueError, match="min_finished"):
+        Nurd(gate=SurvivalGate(folds=5, min_finished=4)).fit(data)
+
+    noise = _half_finished(signal=0.0)
+    flat = Nurd().fit(noise).predict(noise).probability
+    assert abs(spearmanr(flat, noise.X_running[:, 0]).statistic) < 0.3
 
 
 def test_centroid_calibration_depends_on_feature_origin() -> None:
@@ -215,7 +265,7 @@ def test_a_part_that_is_not_one_is_refused(slot: str, value: object) -> None:
 
 def test_nurd_with_no_arguments_is_what_the_registry_ships() -> None:
     assert make_method("nurd", seed=0).get_params() == Nurd().get_params()
-    assert isinstance(Nurd().gate_part(), CalibratedGate)
+    assert isinstance(Nurd().gate_part(), SurvivalGate)
     assert isinstance(Nurd().weighting_part(), DensityWeighting)
 
 
@@ -230,6 +280,7 @@ _PARTS = (
     SkillGate,
     BacktestGate,
     CalibratedGate,
+    SurvivalGate,
 )
 
 _OUT_OF_RANGE: list[tuple[type, str, object, object]] = [
@@ -259,6 +310,10 @@ _OUT_OF_RANGE: list[tuple[type, str, object, object]] = [
     (CalibratedGate, "min_stragglers", 0, 1),
     (CalibratedGate, "flag_probability", 1.0, 0.5),
     (CalibratedGate, "max_scored", 0, 1),
+    (SurvivalGate, "folds", 1, 2),
+    (SurvivalGate, "min_finished", 1, 10),
+    (SurvivalGate, "lift", -0.1, 0.0),
+    (SurvivalGate, "shrink", 1.5, 1.0),
 ]
 
 
@@ -376,7 +431,7 @@ def test_a_calibrator_acts_only_once_the_flags_of_its_predecessors_proved_mostly
     """The percentile is significant long before NURD acts on it: a candidate calibrator first
     predicts in the shadow, and only when those shadow flags were judged mostly right does it flag."""
     trace = make_job(1200, signal=0.3, seed=2, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
-    method = make_nurd("nurd")
+    method = make_nurd("nurd-calibrated")
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
     history = []
     for decisions, refitted in each_checkpoint(job, trace):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -196,6 +197,30 @@ def test_two_predictors_with_different_probabilities_lead_to_different_commands(
 
     assert commands(0.99) == ["x"]
     assert commands(0.01) == []
+
+
+def test_a_task_is_priced_by_all_its_verdicts_not_by_its_luckiest_one() -> None:
+    """The mean log-odds of an attempt's verdicts is its probability: one confident verdict after
+    five doubtful ones buys no copy; the same verdict at the first look does, and so do six."""
+
+    def copies(probabilities: list[float], attempt_changes_at: int | None = None) -> list[int]:
+        policy = Speculate(checkpoint_interval=10.0)
+        finished_job(policy, n=40)  # 40 of 100 tasks done: Spark's floor is not in play
+        looks = []
+        for k, probability in enumerate(probabilities):
+            at = 60.0 + k
+            running = [verdict(f"r-{i}", at, 30.0 + k, probability=0.02) for i in range(59)]
+            suspect = verdict("x", at, 30.0 + k, threshold=140.0, probability=probability)
+            if attempt_changes_at is not None and k >= attempt_changes_at:
+                suspect = dataclasses.replace(suspect, attempt=2)
+            actions = policy.on_checkpoint("job", at, [*running, suspect])
+            looks += [k for a in actions if a.task_id == "x" and a.action == "duplicate"]
+        return looks
+
+    assert copies([0.01] * 5 + [0.99]) == []
+    assert copies([0.99]) == [0]
+    assert copies([0.99] * 6) == [0]
+    assert copies([0.01] * 5 + [0.99], attempt_changes_at=5) == [5]  # a new attempt starts afresh
 
 
 def hung_job(policy: Speculate) -> float | None:

@@ -1,9 +1,10 @@
-"""How often NURD's per-job calibrator acts, and how well its probability ranks where it does (§11).
+"""How often `nurd-calibrated`'s per-job calibrator acts, and how well its probability ranks there.
 
 On the synthetic set (seed 0, 60 s checkpoints, online threshold): the checkpoints of the first
-``--jobs`` jobs at which the shipped ``nurd`` has a calibrator, and at those with both classes among
-at least 20 running tasks, the mean ROC AUC of the straggle probability and of elapsed time (which
-orders the survival prior) against each task's true label (latency >= the job's p90).
+``--jobs`` jobs at which ``nurd-calibrated`` (the ``nurd`` shipped before `SurvivalGate`) has a
+calibrator, and at those with both classes among at least 20 running tasks, the mean ROC AUC of the
+straggle probability and of elapsed time (which orders the survival prior) against each task's true
+label (latency >= the job's p90).
 
 .venv/bin/python docs/results/nurd_calibrator_reach.py [--jobs 20]
 """
@@ -28,12 +29,12 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=20)
     args = parser.parse_args()
     traces = load_traces("synthetic", None, jobs=40, seed=0, checkpoint_seconds=60.0, progress=False)
-    config = EvaluationConfig(methods=("nurd",), threshold="online")
+    config = EvaluationConfig(methods=("nurd-calibrated",), threshold="online")
     checkpoints = acting = 0
     auc_probability: list[float] = []
     auc_elapsed: list[float] = []
     for trace in traces[: args.jobs]:
-        job = online_job(trace, "nurd", config)
+        job = online_job(trace, "nurd-calibrated", config)
         threshold = oracle_threshold(trace.latency[trace.scored], config.quantile)
         truth = dict(zip(trace.task_ids, (trace.latency >= threshold).tolist(), strict=True))
         for verdicts in recorded_decisions(job, trace):

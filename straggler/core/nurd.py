@@ -4,11 +4,13 @@ Per checkpoint, as in the paper: a latency regressor h on the finished tasks
 (`GradientBoostedLatency`), a propensity model z = P(finished | x) (`LogisticPropensity`) turned into a
 weight w per running task (a `Weighting`), adjusted latency = h(x) / w, straggler if >= threshold.
 A `Gate` decides how far h and w are trusted: fully (`NoGate`), by h's skill (`SkillGate`), by a
-backtest of w's strength (`BacktestGate`), or through a ranking calibrated on the job's own past
-(`CalibratedGate`). Each part holds and checks its own parameters; `Nurd()` is the shipped ``nurd``
-and `PRESETS` builds the variants compared with it.
+backtest of w's strength (`BacktestGate`), through a ranking calibrated on the job's own past
+(`CalibratedGate`), or as an accelerated-failure-time model whose residual curve is the job's own
+(`SurvivalGate`, which gives the policy a straggle probability from a task's first checkpoint). Each
+part holds and checks its own parameters; `Nurd()` is the shipped ``nurd`` (`SurvivalGate`) and
+`PRESETS` builds the variants compared with it.
 
-What each preset does and why: docs/architecture.md, "NURD" (measurements: docs/results.md §8, §10).
+What each preset does and why: docs/architecture.md, "NURD" (measurements: docs/results.md §8, §10, §11).
 """
 
 from __future__ import annotations
@@ -472,7 +474,7 @@ class BacktestGate(SkillGate):
 
 
 class CalibratedGate(Gate):
-    """The adjusted latency as a ranking, calibrated per job from its own past (the shipped ``nurd``).
+    """The adjusted latency as a ranking, calibrated per job from its own past (``nurd-calibrated``).
 
     The weight's strength is 0 (the adjusted latency is h, which flags on its own); the running
     tasks' percentile by h / w at full strength (`Nurd.percentile`) becomes P(straggler) with a
@@ -594,6 +596,88 @@ class CalibratedGate(Gate):
         )
 
 
+class SurvivalGate(Gate):
+    """NURD's adjusted latency as an accelerated-failure-time model, calibrated on the job itself (the
+    shipped ``nurd``).
+
+    A task's latency is its lifted prediction h(x) / w(x)^``lift`` times a residual factor shared by
+    the job. The factor's survival curve is Kaplan-Meier over the finished tasks' latency / h
+    (out-of-fold over ``folds`` folds, so it is not the training fit's) and the running tasks'
+    elapsed / prediction (censored: the job's unfinished slow runs count). A running task's
+    P(straggler) = P(latency >= threshold | latency >= elapsed) under that curve, pulled toward the
+    job's survival prior by ``shrink`` in log-odds (1 trusts the model fully, 0 is the prior). It
+    acts at a task's first checkpoint, with no labelled straggler. Flags: adjusted latency h >= the
+    threshold (the weight's strength is 0).
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "folds": [Interval(Integral, 2, None, closed="left")],
+        "min_finished": [Interval(Integral, 2, None, closed="left")],
+        "lift": [Interval(Real, 0, None, closed="left")],
+        "shrink": [Interval(Real, 0, 1, closed="both")],
+    }
+
+    def __init__(
+        self, folds: int = 3, min_finished: int = 10, lift: float = 0.5, shrink: float = 0.3
+    ) -> None:
+        self.folds = folds
+        self.min_finished = min_finished
+        self.lift = lift
+        self.shrink = shrink
+
+    def check(self, weighting: Weighting) -> None:
+        super().check(weighting)
+        if self.min_finished < self.folds:
+            raise ValueError(f"min_finished ({self.min_finished}) must be at least folds ({self.folds})")
+
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
+        """Record the finished tasks' out-of-fold predictions (log seconds) by task id, in
+        ``model.out_of_fold_``; with fewer than ``min_finished`` finished tasks, none (the fit's own
+        predictions stand in)."""
+        model.skill_ = 1.0
+        model.strength_ = 0.0
+        model.out_of_fold_ = {}
+        if model.regressor_ is None or data.n_finished < self.min_finished or data.finished_ids is None:
+            return
+        regressor = model.regressor_part()
+        X, y = model.scaler_.transform(data.X_finished), regressor.target(data.latency_finished)
+        guess = np.empty(len(y))
+        for train, test in KFold(self.folds, shuffle=True, random_state=model.random_state).split(X):
+            guess[test] = regressor_predict(regressor.fit(X[train], y[train], model.random_state), X[test])
+        log_latency = regressor.log_latency(guess)
+        model.out_of_fold_ = {t: float(v) for t, v in zip(data.finished_ids, log_latency, strict=True)}
+
+    def scores(
+        self, model: Nurd, data: CheckpointData, view: _RunningView, latency: FloatArray, weight: FloatArray
+    ) -> Scores:
+        """The survival prior as the probability until the regressor is fitted on enough finished
+        tasks; then the residual curve's probability, shrunk toward the prior."""
+        if data.n_finished == 0:
+            return super().scores(model, data, view, latency, weight)
+        prior = Nurd.prior(data)
+        if model.regressor_ is None or data.n_finished < 5 or len(view.guess) == 0:
+            return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, prior)
+        regressor = model.regressor_part()
+        guess = regressor_predict(model.regressor_, model.scaler_.transform(data.X_finished))
+        finished_log_h = regressor.log_latency(np.asarray(guess, dtype=np.float64))
+        out_of_fold = getattr(model, "out_of_fold_", {})
+        if out_of_fold and data.finished_ids is not None:  # tasks finished since the fit keep the fit's
+            finished_log_h = np.array(
+                [out_of_fold.get(t, h) for t, h in zip(data.finished_ids, finished_log_h, strict=True)]
+            )
+        lift = np.log(model.weighting_part().ranking_weight(view.z))
+        running_log_h = regressor.log_latency(view.guess) - self.lift * lift
+        residuals = LatencySurvival(
+            np.exp(np.log(np.maximum(data.latency_finished, 1e-3)) - finished_log_h),
+            np.exp(np.log(np.maximum(data.elapsed_running, 1e-3)) - running_log_h),
+        )
+        reach = residuals.sf(np.exp(np.log(data.threshold) - running_log_h))
+        ran = residuals.sf(np.exp(np.log(np.maximum(data.elapsed_running, 1e-3)) - running_log_h))
+        model_p = np.clip(reach / np.maximum(ran, 1e-12), 1e-4, 1.0 - 1e-4)
+        probability = expit(logit(prior) + self.shrink * (logit(model_p) - logit(prior)))
+        return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, probability)
+
+
 # -- NURD -----------------------------------------------------------------------------------------
 
 
@@ -633,6 +717,7 @@ class Nurd(StragglerMethod):
     skill_: float
     strength_: float
     calibrator_: tuple[float, float, float] | None
+    out_of_fold_: dict[str, float]
     calibration_: dict[str, float]
     rankings_: list[_Ranking]
 
@@ -656,7 +741,7 @@ class Nurd(StragglerMethod):
         return DensityWeighting() if self.weighting is None else self.weighting
 
     def gate_part(self) -> Gate:
-        return CalibratedGate() if self.gate is None else self.gate
+        return SurvivalGate() if self.gate is None else self.gate
 
     def get_params(self) -> dict[str, Any]:
         """The parameters as plain data, each part as its class name and its own parameters (what a
@@ -896,6 +981,7 @@ def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> 
 
 PRESETS: dict[str, Callable[[int], Nurd]] = {
     "nurd": lambda random_state: Nurd(random_state=random_state),
+    "nurd-calibrated": lambda random_state: Nurd(gate=CalibratedGate(), random_state=random_state),
     "nurd-backtest": lambda random_state: Nurd(gate=BacktestGate(), random_state=random_state),
     "nurd-paper": lambda random_state: Nurd(
         GradientBoostedLatency(log_target=False),

@@ -2,13 +2,14 @@
 saving is worth the expected extra machine time, first finisher wins, the loser is killed.
 
 Each running task's remaining time comes from the job's survival curve (`straggler.core.survival`)
-conditioned on what the predictor said at its last verdict: its straggle probability weighs the
-curve's part past the threshold against the part below it, so a confident early prediction buys a
-copy at once. A task that outruns the job's normal runs grows ever more likely stuck (it never ends
-by itself), so its expected remaining time grows with its elapsed time. The rule copies the prefix of
-candidates (ordered by the time a copy saves the task) that maximises ``saving / J - machine_price *
-extra / W``, under a per-job ``budget`` and optional ``machines``; Spark's rule (`SparkRule`) is its
-floor. `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's duplicate test on the same estimates.
+conditioned on what the predictor said of it: the straggle probability of its verdicts (their mean
+log-odds) weighs the curve's part past the threshold against the part below it, so a confident early
+prediction buys a copy at once. A task that outruns the job's normal runs grows ever more likely
+stuck (it never ends by itself), so its expected remaining time grows with its elapsed time. The
+rule copies the prefix of candidates (ordered by the time a copy saves the task) that maximises
+``saving / J - machine_price * extra / W``, under a per-job ``budget`` and optional ``machines``;
+Spark's rule (`SparkRule`) is its floor. `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's
+duplicate test on the same estimates.
 
 The rule's derivation: docs/architecture.md, "Policies and speculation".
 """
@@ -36,8 +37,12 @@ class _Running:
     at_least: float
     """A lower bound on the task's latency: its elapsed time, or the threshold it was flagged against."""
     probability: float = math.nan
-    """The predictor's P(latency >= threshold) at its last verdict (NaN: none given)."""
+    """The predictor's P(latency >= threshold) over the attempt's verdicts (NaN: none given): the mean
+    of their log-odds (`_weigh_verdict`)."""
     threshold: float = math.nan
+    log_odds: float = 0.0
+    """The sum of the log-odds of the attempt's verdicts, and how many there were."""
+    verdicts: int = 0
 
 
 @dataclass
@@ -211,14 +216,16 @@ class Speculate(MitigationPolicy):
             told = not math.isnan(d.straggle_probability)
             bound = max(d.elapsed, d.threshold) if d.is_straggler and not told else d.elapsed
             previous = job.running.get(d.task_id)
-            if previous is not None and previous.attempt == d.attempt:
-                bound = max(bound, previous.at_least)
-            start = at - d.elapsed
-            probability = (
-                1.0 if d.is_straggler and math.isnan(d.straggle_probability) else d.straggle_probability
-            )
-            job.running[d.task_id] = _Running(start, d.attempt, bound, probability, d.threshold)
-            job.first_start = min(job.first_start, start)
+            if previous is None or previous.attempt != d.attempt:
+                previous = _Running(at - d.elapsed, d.attempt, bound)
+            bound = max(bound, previous.at_least)
+            running = _Running(at - d.elapsed, d.attempt, bound, threshold=d.threshold)
+            if told:
+                _weigh_verdict(running, previous, d.straggle_probability)
+            elif d.is_straggler:
+                running.probability = 1.0  # the flag of a method that gives no probability
+            job.running[d.task_id] = running
+            job.first_start = min(job.first_start, running.start)
         plan = self._with_floor(job, at, self.plan(job, at))
         for task_id in plan.tasks:
             running = job.running[task_id]
@@ -276,6 +283,18 @@ class Speculate(MitigationPolicy):
             return NO_PLAN
         chosen = [est.ids[i] for i in est.candidates[order[: best + 1]]]
         return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work)
+
+
+def _weigh_verdict(running: _Running, previous: _Running, probability: float) -> None:
+    """Give ``running`` the mean log-odds of its attempt's verdicts, ``probability`` the latest.
+
+    Each verdict is one noisy look at the task; a policy that acted on each look alone would copy a
+    task on its luckiest one, and the more often a job is checkpointed, the more such copies (measured:
+    docs/results.md §11)."""
+    p = min(max(probability, 1e-4), 1.0 - 1e-4)
+    running.log_odds = previous.log_odds + math.log(p / (1.0 - p))
+    running.verdicts = previous.verdicts + 1
+    running.probability = 1.0 / (1.0 + math.exp(-running.log_odds / running.verdicts))
 
 
 class Spark(Speculate):

@@ -1,0 +1,34 @@
+"""Render the table of docs/results.md §11, "How the probability was chosen", from the runs here.
+
+.venv/bin/python docs/results/decision-layer/variants/table.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def cell(path: Path, method: str) -> str:
+    if not path.exists():
+        return "–"
+    row = json.loads(path.read_text())["mitigation"][method]["speculate"]
+    return f"{row['jct_reduction']:+.2%} at {row['gross_extra_machine_time']:+.2%}"
+
+
+def main() -> None:
+    names = sorted({p.stem.split("-", 1)[1] for p in HERE.glob("syn*-*.json")})
+    print("| variant | syn-60: JCT at gross | syn-300: JCT at gross |")
+    print("|---|---|---|")
+    for name in names:
+        runs = (cell(HERE / f"syn{cps}-{name}.json", name) for cps in (60, 300))
+        print(f"| `{name}` | {' | '.join(runs)} |")
+    policy = "aft-oof-s50-l30"  # the verdicts averaged in the policy (POLICY_SMOOTH=1): what ships
+    runs = (cell(HERE / f"pol-syn{cps}-{policy}.json", policy) for cps in (60, 300))
+    print(f"| `{policy}`, verdicts averaged in the policy | {' | '.join(runs)} |")
+
+
+if __name__ == "__main__":
+    main()
