@@ -7,6 +7,7 @@ from scipy.stats import spearmanr
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from straggler.core.fast_paths import regressor_predict
 from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData
 from straggler.core.nurd import (
@@ -68,12 +69,14 @@ def test_paper_formula_inflates_everything_early_and_nurd_does_not() -> None:
     assert ours.is_straggler.mean() < 0.05
 
 
-def _half_finished(signal: float, seed: int = 0) -> CheckpointData:
-    """500 tasks started together, seen when half have finished: the other half runs, censored."""
+def _half_finished(signal: float, seed: int = 0, share: float = 0.5, timed: bool = False) -> CheckpointData:
+    """500 tasks started together at 0, seen when ``share`` of them have finished (the rest runs,
+    censored); ``timed``: with the checkpoint's time and the finish times (a fit then keeps its
+    predecessor)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(500, 3))
     latency = np.exp(3 + signal * X[:, 0] + 0.3 * rng.normal(size=len(X)))
-    at = float(np.median(latency))
+    at = float(np.quantile(latency, share))
     fin, run = np.flatnonzero(latency <= at), np.flatnonzero(latency > at)
     return CheckpointData(
         X[fin],
@@ -82,8 +85,10 @@ def _half_finished(signal: float, seed: int = 0) -> CheckpointData:
         np.full(len(run), at),
         float(np.quantile(latency, 0.9)),
         len(X),
-        running_ids=tuple(f"r{i}" for i in run),
-        finished_ids=tuple(f"f{i}" for i in fin),
+        at=at if timed else None,
+        finish_time=latency[fin] if timed else None,
+        running_ids=tuple(f"t{i}" for i in run),
+        finished_ids=tuple(f"t{i}" for i in fin),
     )
 
 
@@ -113,6 +118,26 @@ def test_the_shipped_gate_gives_a_likelier_straggle_to_a_longer_predicted_run_wi
     noise = _half_finished(signal=0.0)
     flat = Nurd().fit(noise).predict(noise).probability
     assert abs(spearmanr(flat, noise.X_running[:, 0]).statistic) < 0.3
+
+
+def test_the_shipped_gate_judges_each_finished_task_by_a_fit_that_did_not_train_on_it() -> None:
+    """A refit keeps the earlier tasks' predictions and gives the tasks finished since the previous
+    fit that fit's prediction (out of sample), not its own (which trained on them)."""
+    early, later = _half_finished(1.0, share=0.3, timed=True), _half_finished(1.0, share=0.5, timed=True)
+    assert early.finished_ids is not None and later.finished_ids is not None
+    model = Nurd().fit(early)
+    first, first_fit = dict(model.out_of_fold_), (model.scaler_, model.regressor_)
+    assert set(first) == set(early.finished_ids)
+    model.fit(later)
+    assert {t: model.out_of_fold_[t] for t in first} == first
+    since = [i for i, t in enumerate(later.finished_ids) if t not in first]
+    scaler, regressor = first_fit
+    assert regressor is not None and model.regressor_ is not None and len(since) > 50
+    previous = regressor_predict(regressor, scaler.transform(later.X_finished[since]))
+    own = regressor_predict(model.regressor_, model.scaler_.transform(later.X_finished[since]))
+    got = np.array([model.out_of_fold_[later.finished_ids[i]] for i in since])
+    np.testing.assert_allclose(got, previous, rtol=1e-6)
+    assert not np.allclose(got, own, rtol=1e-3)
 
 
 def test_centroid_calibration_depends_on_feature_origin() -> None:

@@ -601,9 +601,10 @@ class SurvivalGate(Gate):
     shipped ``nurd``).
 
     A task's latency is its lifted prediction h(x) / w(x)^``lift`` times a residual factor shared by
-    the job. The factor's survival curve is Kaplan-Meier over the finished tasks' latency / h
-    (out-of-fold over ``folds`` folds, so it is not the training fit's) and the running tasks'
-    elapsed / prediction (censored: the job's unfinished slow runs count). A running task's
+    the job. The factor's survival curve is Kaplan-Meier over the finished tasks' latency / h, each h
+    from a fit that did not train on the task (the last fit before it finished; out-of-fold at the
+    job's first fit), and the running tasks' elapsed / prediction (censored: the job's unfinished
+    slow runs count). A running task's
     P(straggler) = P(latency >= threshold | latency >= elapsed) under that curve, pulled toward the
     job's survival prior by ``shrink`` in log-odds (1 trusts the model fully, 0 is the prior). It
     acts at a task's first checkpoint, with no labelled straggler. Flags: adjusted latency h >= the
@@ -618,7 +619,7 @@ class SurvivalGate(Gate):
     }
 
     def __init__(
-        self, folds: int = 3, min_finished: int = 10, lift: float = 0.5, shrink: float = 0.3
+        self, folds: int = 3, min_finished: int = 10, lift: float = 0.5, shrink: float = 0.25
     ) -> None:
         self.folds = folds
         self.min_finished = min_finished
@@ -630,22 +631,49 @@ class SurvivalGate(Gate):
         if self.min_finished < self.folds:
             raise ValueError(f"min_finished ({self.min_finished}) must be at least folds ({self.folds})")
 
+    def past_fits_kept(self) -> int:
+        return 1
+
     def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
-        """Record the finished tasks' out-of-fold predictions (log seconds) by task id, in
-        ``model.out_of_fold_``; with fewer than ``min_finished`` finished tasks, none (the fit's own
-        predictions stand in)."""
+        """Record, by task id, a prediction (log seconds) of every finished task by a fit that did not
+        train on it, in ``model.out_of_fold_``: the previous fit's for the tasks that finished since
+        it, the earlier ones carried over; at a job's first fit, out-of-fold over ``folds`` folds
+        (with fewer than ``min_finished`` finished tasks, the fit's own predictions)."""
         model.skill_ = 1.0
         model.strength_ = 0.0
         model.out_of_fold_ = {}
-        if model.regressor_ is None or data.n_finished < self.min_finished or data.finished_ids is None:
+        if model.regressor_ is None or data.finished_ids is None:
             return
         regressor = model.regressor_part()
+        previous = past[-1] if past else None
+        carried: dict[str, float] = getattr(previous, "out_of_fold_", {})
+        if previous is None or previous.regressor_ is None or not carried:
+            model.out_of_fold_ = self._first_fit_predictions(model, data)
+            return
+        since = [i for i, task in enumerate(data.finished_ids) if task not in carried]
+        guess = regressor_predict(previous.regressor_, previous.scaler_.transform(data.X_finished[since]))
+        model.out_of_fold_ = {
+            **carried,
+            **{
+                data.finished_ids[i]: float(v)
+                for i, v in zip(since, regressor.log_latency(guess), strict=True)
+            },
+        }
+
+    def _first_fit_predictions(self, model: Nurd, data: CheckpointData) -> dict[str, float]:
+        assert model.regressor_ is not None and data.finished_ids is not None
+        regressor = model.regressor_part()
         X, y = model.scaler_.transform(data.X_finished), regressor.target(data.latency_finished)
-        guess = np.empty(len(y))
-        for train, test in KFold(self.folds, shuffle=True, random_state=model.random_state).split(X):
-            guess[test] = regressor_predict(regressor.fit(X[train], y[train], model.random_state), X[test])
-        log_latency = regressor.log_latency(guess)
-        model.out_of_fold_ = {t: float(v) for t, v in zip(data.finished_ids, log_latency, strict=True)}
+        if data.n_finished < self.min_finished:
+            guess = regressor_predict(model.regressor_, X)
+        else:
+            guess = np.empty(len(y))
+            for train, test in KFold(self.folds, shuffle=True, random_state=model.random_state).split(X):
+                guess[test] = regressor_predict(
+                    regressor.fit(X[train], y[train], model.random_state), X[test]
+                )
+        log_latency = regressor.log_latency(np.asarray(guess, dtype=np.float64))
+        return {t: float(v) for t, v in zip(data.finished_ids, log_latency, strict=True)}
 
     def scores(
         self, model: Nurd, data: CheckpointData, view: _RunningView, latency: FloatArray, weight: FloatArray
