@@ -102,7 +102,7 @@ def test_the_shipped_gate_gives_a_likelier_straggle_to_a_longer_predicted_run_wi
     prior = Nurd.prior(data)
     assert np.ptp(prior) == 0.0
     model = Nurd().fit(data)
-    assert len(model.out_of_fold_) == data.n_finished  # out-of-fold predictions of the finished tasks
+    assert len(model.held_out_) == data.n_finished  # out-of-fold predictions of the finished tasks
     probability = model.predict(data).probability
     assert spearmanr(probability, data.X_running[:, 0]).statistic > 0.5
     truth = np.exp(3 + data.X_running[:, 0]) >= data.threshold  # noise aside, who straggles
@@ -126,16 +126,16 @@ def test_the_shipped_gate_judges_each_finished_task_by_a_fit_that_did_not_train_
     early, later = _half_finished(1.0, share=0.3, timed=True), _half_finished(1.0, share=0.5, timed=True)
     assert early.finished_ids is not None and later.finished_ids is not None
     model = Nurd().fit(early)
-    first, first_fit = dict(model.out_of_fold_), (model.scaler_, model.regressor_)
+    first, first_fit = dict(model.held_out_), (model.scaler_, model.regressor_)
     assert set(first) == set(early.finished_ids)
     model.fit(later)
-    assert {t: model.out_of_fold_[t] for t in first} == first
+    assert {t: model.held_out_[t] for t in first} == first
     since = [i for i, t in enumerate(later.finished_ids) if t not in first]
     scaler, regressor = first_fit
     assert regressor is not None and model.regressor_ is not None and len(since) > 50
     previous = regressor_predict(regressor, scaler.transform(later.X_finished[since]))
     own = regressor_predict(model.regressor_, model.scaler_.transform(later.X_finished[since]))
-    got = np.array([model.out_of_fold_[later.finished_ids[i]] for i in since])
+    got = np.array([model.held_out_[later.finished_ids[i]] for i in since])
     np.testing.assert_allclose(got, previous, rtol=1e-6)
     assert not np.allclose(got, own, rtol=1e-3)
 

@@ -604,11 +604,10 @@ class SurvivalGate(Gate):
     the job. The factor's survival curve is Kaplan-Meier over the finished tasks' latency / h, each h
     from a fit that did not train on the task (the last fit before it finished; out-of-fold at the
     job's first fit), and the running tasks' elapsed / prediction (censored: the job's unfinished
-    slow runs count). A running task's
-    P(straggler) = P(latency >= threshold | latency >= elapsed) under that curve, pulled toward the
-    job's survival prior by ``shrink`` in log-odds (1 trusts the model fully, 0 is the prior). It
-    acts at a task's first checkpoint, with no labelled straggler. Flags: adjusted latency h >= the
-    threshold (the weight's strength is 0).
+    slow runs count). A running task's P(straggler) = P(latency >= threshold | latency >= elapsed)
+    under that curve, pulled toward the job's survival prior by ``shrink`` in log-odds (1 trusts the
+    model fully, 0 is the prior). It acts at a task's first checkpoint, with no labelled straggler.
+    Flags: adjusted latency h >= the threshold (the weight's strength is 0).
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -636,23 +635,23 @@ class SurvivalGate(Gate):
 
     def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
         """Record, by task id, a prediction (log seconds) of every finished task by a fit that did not
-        train on it, in ``model.out_of_fold_``: the previous fit's for the tasks that finished since
+        train on it, in ``model.held_out_``: the previous fit's for the tasks that finished since
         it, the earlier ones carried over; at a job's first fit, out-of-fold over ``folds`` folds
         (with fewer than ``min_finished`` finished tasks, the fit's own predictions)."""
         model.skill_ = 1.0
         model.strength_ = 0.0
-        model.out_of_fold_ = {}
+        model.held_out_ = {}
         if model.regressor_ is None or data.finished_ids is None:
             return
         regressor = model.regressor_part()
         previous = past[-1] if past else None
-        carried: dict[str, float] = getattr(previous, "out_of_fold_", {})
+        carried: dict[str, float] = getattr(previous, "held_out_", {})
         if previous is None or previous.regressor_ is None or not carried:
-            model.out_of_fold_ = self._first_fit_predictions(model, data)
+            model.held_out_ = self._first_fit_predictions(model, data)
             return
         since = [i for i, task in enumerate(data.finished_ids) if task not in carried]
         guess = regressor_predict(previous.regressor_, previous.scaler_.transform(data.X_finished[since]))
-        model.out_of_fold_ = {
+        model.held_out_ = {
             **carried,
             **{
                 data.finished_ids[i]: float(v)
@@ -688,10 +687,10 @@ class SurvivalGate(Gate):
         regressor = model.regressor_part()
         guess = regressor_predict(model.regressor_, model.scaler_.transform(data.X_finished))
         finished_log_h = regressor.log_latency(np.asarray(guess, dtype=np.float64))
-        out_of_fold = getattr(model, "out_of_fold_", {})
-        if out_of_fold and data.finished_ids is not None:  # tasks finished since the fit keep the fit's
+        held_out = getattr(model, "held_out_", {})
+        if held_out and data.finished_ids is not None:  # tasks finished since this fit: held out too
             finished_log_h = np.array(
-                [out_of_fold.get(t, h) for t, h in zip(data.finished_ids, finished_log_h, strict=True)]
+                [held_out.get(t, h) for t, h in zip(data.finished_ids, finished_log_h, strict=True)]
             )
         lift = np.log(model.weighting_part().ranking_weight(view.z))
         running_log_h = regressor.log_latency(view.guess) - self.lift * lift
@@ -745,7 +744,8 @@ class Nurd(StragglerMethod):
     skill_: float
     strength_: float
     calibrator_: tuple[float, float, float] | None
-    out_of_fold_: dict[str, float]
+    held_out_: dict[str, float]
+    """`SurvivalGate`: each finished task's predicted log latency by a fit that did not train on it."""
     calibration_: dict[str, float]
     rankings_: list[_Ranking]
 
