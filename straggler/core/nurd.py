@@ -328,10 +328,7 @@ class SkillGate(Gate):
         n = len(y)
         if n < 3 * self.folds or float(np.var(y)) <= 1e-12:
             return 0.0
-        oof = np.empty(n)
-        folds = KFold(self.folds, shuffle=True, random_state=model.random_state)
-        for train, test in folds.split(X):
-            oof[test] = regressor_predict(regressor.fit(X[train], y[train], model.random_state), X[test])
+        oof = _out_of_fold_guess(model, X, y, self.folds)
         r2 = 1.0 - float(np.mean((y - oof) ** 2)) / float(np.var(y))
         return float(np.clip(r2, 0.0, 1.0))
 
@@ -666,11 +663,7 @@ class SurvivalGate(Gate):
         if data.n_finished < self.min_finished:
             guess = regressor_predict(model.regressor_, X)
         else:
-            guess = np.empty(len(y))
-            for train, test in KFold(self.folds, shuffle=True, random_state=model.random_state).split(X):
-                guess[test] = regressor_predict(
-                    regressor.fit(X[train], y[train], model.random_state), X[test]
-                )
+            guess = _out_of_fold_guess(model, X, y, self.folds)
         log_latency = regressor.log_latency(np.asarray(guess, dtype=np.float64))
         return {t: float(v) for t, v in zip(data.finished_ids, log_latency, strict=True)}
 
@@ -685,13 +678,14 @@ class SurvivalGate(Gate):
         if model.regressor_ is None or data.n_finished < 5 or len(view.guess) == 0:
             return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, prior)
         regressor = model.regressor_part()
-        guess = regressor_predict(model.regressor_, model.scaler_.transform(data.X_finished))
-        finished_log_h = regressor.log_latency(np.asarray(guess, dtype=np.float64))
-        held_out = getattr(model, "held_out_", {})
-        if held_out and data.finished_ids is not None:  # tasks finished since this fit: held out too
-            finished_log_h = np.array(
-                [held_out.get(t, h) for t, h in zip(data.finished_ids, finished_log_h, strict=True)]
-            )
+        held_out: dict[str, float] = getattr(model, "held_out_", {})
+        finished_log_h = np.full(data.n_finished, np.nan)
+        if data.finished_ids is not None:
+            finished_log_h[:] = [held_out.get(t, np.nan) for t in data.finished_ids]
+        missing = np.isnan(finished_log_h)  # finished since this fit: its own prediction is held out too
+        if missing.any():
+            guess = regressor_predict(model.regressor_, model.scaler_.transform(data.X_finished[missing]))
+            finished_log_h[missing] = regressor.log_latency(np.asarray(guess, dtype=np.float64))
         lift = np.log(model.weighting_part().ranking_weight(view.z))
         running_log_h = regressor.log_latency(view.guess) - self.lift * lift
         residuals = LatencySurvival(
@@ -995,6 +989,16 @@ def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
             )
         )
     return np.asarray(np.concatenate(rows), dtype=np.float64)
+
+
+def _out_of_fold_guess(model: Nurd, X: FloatArray, target: FloatArray, folds: int) -> FloatArray:
+    """The regressor's prediction (on its target's scale) of each row of ``X`` by a fit on the other
+    folds of ``folds``, with the model's parts and seed."""
+    regressor = model.regressor_part()
+    guess = np.empty(len(target))
+    for train, test in KFold(folds, shuffle=True, random_state=model.random_state).split(X):
+        guess[test] = regressor_predict(regressor.fit(X[train], target[train], model.random_state), X[test])
+    return guess
 
 
 def _odds(z: FloatArray) -> FloatArray:
