@@ -10,6 +10,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "decision-layer"
 RUNS = ("syn-60", "syn-300", "causal-60", "causal-300", "google-60", "google-300")
+MORE_SAMPLES = tuple(
+    f"{source}-{cps}" for source in ("syn-seed1", "syn-seed2", "causal-seed2028") for cps in (60, 300)
+)
+"""The same generators at other seeds, run on the shipped `nurd` without a change in between."""
 
 
 def rows(run: str, summary: dict) -> list[str]:
@@ -65,17 +69,19 @@ def bars(run: str, summary: dict) -> list[str]:
 
 
 def main() -> None:
-    table, checks = [], []
-    for run in RUNS:
-        path = HERE / run / "summary.json"
-        if not path.exists():
-            continue
-        summary = json.loads(path.read_text())
-        table += rows(run, summary)
-        checks += bars(run, summary)
-    print("\n".join(table))
-    print()
-    print("\n".join(checks))
+    for runs in (RUNS, MORE_SAMPLES):
+        table, checks = [], []
+        for run in runs:
+            path = HERE / run / "summary.json"
+            if not path.exists():
+                continue
+            summary = json.loads(path.read_text())
+            table += rows(run, summary)
+            checks += bars(run, summary)
+        print("\n".join(table))
+        print()
+        print("\n".join(checks))
+        print()
 
 
 if __name__ == "__main__":
