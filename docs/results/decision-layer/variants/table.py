@@ -30,7 +30,7 @@ def main() -> None:
     for name in names:
         runs = (cell(runs_in / f"syn{cps}-{name}.json") for cps in (60, 300))
         print(f"| `{name}` | {' | '.join(runs)} |")
-    if runs_in != HERE:
+    if runs_in.resolve() != HERE:
         return
     policy = "aft-oof-s50-l30"  # the verdicts averaged in the policy (POLICY_SMOOTH=1): what ships
     runs = (cell(HERE / f"pol-syn{cps}-{policy}.json") for cps in (60, 300))
