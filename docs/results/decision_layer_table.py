@@ -11,7 +11,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent / "decision-layer"
 RUNS = ("syn-60", "syn-300", "causal-60", "causal-300", "google-60", "google-300")
 MORE_SAMPLES = tuple(
-    f"{source}-{cps}" for source in ("syn-seed1", "syn-seed2", "causal-seed2028") for cps in (60, 300)
+    f"{source}-{cps}"
+    for source in ("syn-seed1", "syn-seed2", "causal-seed2028", "causal-seed2029")
+    for cps in (60, 300)
 )
 """The same generators at other seeds, run on the shipped `nurd` without a change in between."""
 
