@@ -688,12 +688,12 @@ class SurvivalGate(Gate):
             finished_log_h[missing] = regressor.log_latency(np.asarray(guess, dtype=np.float64))
         lift = np.log(model.weighting_part().ranking_weight(view.z))
         running_log_h = regressor.log_latency(view.guess) - self.lift * lift
+        running_residual = np.exp(np.log(np.maximum(data.elapsed_running, 1e-3)) - running_log_h)
         residuals = LatencySurvival(
-            np.exp(np.log(np.maximum(data.latency_finished, 1e-3)) - finished_log_h),
-            np.exp(np.log(np.maximum(data.elapsed_running, 1e-3)) - running_log_h),
+            np.exp(np.log(np.maximum(data.latency_finished, 1e-3)) - finished_log_h), running_residual
         )
         reach = residuals.sf(np.exp(np.log(data.threshold) - running_log_h))
-        ran = residuals.sf(np.exp(np.log(np.maximum(data.elapsed_running, 1e-3)) - running_log_h))
+        ran = residuals.sf(running_residual)
         model_p = np.clip(reach / np.maximum(ran, 1e-12), 1e-4, 1.0 - 1e-4)
         probability = expit(logit(prior) + self.shrink * (logit(model_p) - logit(prior)))
         return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, probability)
