@@ -35,6 +35,7 @@ from straggler.core.arrays import BoolArray, FloatArray
 from straggler.core.fast_paths import fit_logistic, fit_regressor, positive_probability, regressor_predict
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
+from straggler.core.prior_calibration import PriorCalibration, survival_prior
 from straggler.core.state import (
     STANDARDISER,
     XGB_REGRESSOR,
@@ -603,8 +604,10 @@ class SurvivalGate(Gate):
     job's first fit), and the running tasks' elapsed / prediction (censored: the job's unfinished
     slow runs count). A running task's P(straggler) = P(latency >= threshold | latency >= elapsed)
     under that curve, pulled toward the job's survival prior by ``shrink`` in log-odds (1 trusts the
-    model fully, 0 is the prior). It acts at a task's first checkpoint, with no labelled straggler.
-    Flags: adjusted latency h >= the threshold (the weight's strength is 0).
+    model fully, 0 is the prior). The prior is ``calibration``'s (None: the shipped `PriorCalibration`,
+    fixed across jobs, `straggler.core.prior_calibration`). It acts at a task's first checkpoint, with
+    no labelled straggler of the job. Flags: adjusted latency h >= the threshold (the weight's
+    strength is 0).
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -612,18 +615,34 @@ class SurvivalGate(Gate):
         "min_finished": [Interval(Integral, 2, None, closed="left")],
         "lift": [Interval(Real, 0, None, closed="left")],
         "shrink": [Interval(Real, 0, 1, closed="both")],
+        "calibration": [PriorCalibration, None],
     }
 
     def __init__(
-        self, folds: int = 3, min_finished: int = 10, lift: float = 0.5, shrink: float = 0.25
+        self,
+        folds: int = 3,
+        min_finished: int = 10,
+        lift: float = 0.5,
+        shrink: float = 0.2,
+        calibration: PriorCalibration | None = None,
     ) -> None:
         self.folds = folds
         self.min_finished = min_finished
         self.lift = lift
         self.shrink = shrink
+        self.calibration = calibration
+
+    def calibration_part(self) -> PriorCalibration:
+        return PriorCalibration() if self.calibration is None else self.calibration
+
+    def prior(self, data: CheckpointData) -> FloatArray:
+        """The job's survival prior of each running task (`Nurd.prior`), calibrated."""
+        share = data.n_finished / max(data.expected_tasks, 1)
+        return self.calibration_part().transform(Nurd.prior(data), share)
 
     def check(self, weighting: Weighting) -> None:
         super().check(weighting)
+        self.calibration_part().check()
         if self.min_finished < self.folds:
             raise ValueError(f"min_finished ({self.min_finished}) must be at least folds ({self.folds})")
 
@@ -674,7 +693,7 @@ class SurvivalGate(Gate):
         tasks; then the residual curve's probability, shrunk toward the prior."""
         if data.n_finished == 0:
             return super().scores(model, data, view, latency, weight)
-        prior = Nurd.prior(data)
+        prior = self.prior(data)
         if model.regressor_ is None or data.n_finished < 5 or len(view.guess) == 0:
             return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, prior)
         regressor = model.regressor_part()
@@ -854,10 +873,8 @@ class Nurd(StragglerMethod):
     @staticmethod
     def prior(data: CheckpointData) -> FloatArray:
         """P(latency >= threshold | latency >= elapsed) of each running task, from the job's survival
-        curve alone (finished tasks are events, running ones censored)."""
-        survival = LatencySurvival(data.latency_finished, data.elapsed_running)
-        reach = survival.sf(np.array([data.threshold]))[0]
-        return np.clip(reach / np.maximum(survival.sf(data.elapsed_running), 1e-12), 1e-4, 1.0 - 1e-4)
+        curve alone (finished tasks are events, running ones censored), uncalibrated."""
+        return survival_prior(data.latency_finished, data.elapsed_running, data.threshold)
 
     def predict(self, data: CheckpointData) -> Scores:
         if data.n_running == 0:
