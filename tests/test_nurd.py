@@ -34,6 +34,7 @@ from straggler.core.nurd import (
 )
 from straggler.core.online import OnlineJob
 from straggler.core.preprocessing import impute_like
+from straggler.core.prior_calibration import PriorCalibration
 from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
 from straggler.traces.small_jobs import make_job
@@ -97,7 +98,8 @@ def test_the_shipped_gate_gives_a_likelier_straggle_to_a_longer_predicted_run_wi
 ):
     """`SurvivalGate`: with half the tasks finished and every running task at the same elapsed time
     (one survival prior for all), the probability follows the feature that sets latency; shrunk
-    fully (``shrink=0``) it is the prior; with no signal in the features it follows none."""
+    fully (``shrink=0``) it is the calibrated prior (the raw one with the identity calibration); with
+    no signal in the features it follows none."""
     data = _half_finished(signal=1.0)
     prior = Nurd.prior(data)
     assert np.ptp(prior) == 0.0
@@ -110,7 +112,10 @@ def test_the_shipped_gate_gives_a_likelier_straggle_to_a_longer_predicted_run_wi
     assert probability[truth].mean() > 2 * prior[0]  # lifted above the prior where it straggles
 
     prior_only = Nurd(gate=SurvivalGate(shrink=0.0)).fit(data).predict(data)
-    np.testing.assert_allclose(prior_only.probability, prior)
+    np.testing.assert_allclose(prior_only.probability, PriorCalibration().transform(prior, 0.5))
+    assert not np.allclose(prior_only.probability, prior)
+    raw = Nurd(gate=SurvivalGate(shrink=0.0, calibration=PriorCalibration(0.0, 1.0, 0.0)))
+    np.testing.assert_allclose(raw.fit(data).predict(data).probability, prior)
 
     with pytest.raises(ValueError, match="min_finished"):
         Nurd(gate=SurvivalGate(folds=5, min_finished=4)).fit(data)
@@ -306,6 +311,7 @@ _PARTS = (
     BacktestGate,
     CalibratedGate,
     SurvivalGate,
+    PriorCalibration,
 )
 
 _OUT_OF_RANGE: list[tuple[type, str, object, object]] = [
@@ -339,6 +345,10 @@ _OUT_OF_RANGE: list[tuple[type, str, object, object]] = [
     (SurvivalGate, "min_finished", 1, 10),
     (SurvivalGate, "lift", -0.1, 0.0),
     (SurvivalGate, "shrink", 1.5, 1.0),
+    (SurvivalGate, "calibration", "identity", PriorCalibration(0.0, 1.0, 0.0)),
+    (PriorCalibration, "intercept", "0", 0.0),
+    (PriorCalibration, "slope", 0.0, 1e-3),
+    (PriorCalibration, "progress", None, -1.0),
 ]
 
 
@@ -350,6 +360,8 @@ def _nurd_with(part: object) -> Nurd:
         return Nurd(weighting=DensityWeighting(part))
     if isinstance(part, Weighting):
         return Nurd(weighting=part)
+    if isinstance(part, PriorCalibration):
+        return Nurd(gate=SurvivalGate(calibration=part))
     assert isinstance(part, Gate)
     return Nurd(gate=part)
 

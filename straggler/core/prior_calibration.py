@@ -69,9 +69,9 @@ class PriorCalibration(BaseEstimator):
         """Raise ValueError naming a parameter out of range."""
         self._validate_params()
 
-    def transform(self, prior: FloatArray, finished_share: float) -> FloatArray:
-        """The calibrated probabilities of running tasks with survival ``prior``, when the job has
-        finished ``finished_share`` of its expected tasks."""
+    def transform(self, prior: FloatArray, finished_share: float | FloatArray) -> FloatArray:
+        """The calibrated probabilities of running tasks with survival ``prior``, when their job has
+        finished ``finished_share`` of its expected tasks (one share, or one per task)."""
         z = self.intercept + self.slope * logit(prior) + self.progress * finished_share
         return np.clip(expit(z), 1e-4, 1.0 - 1e-4)
 
@@ -110,8 +110,8 @@ def fit_prior_calibration(jobs: Sequence[JobTrace], quantile: float = 0.9) -> Pr
     """The `PriorCalibration` that best predicts (log loss) which running tasks of complete ``jobs``
     straggled, coefficients rounded to three decimals; raises ValueError with no usable example."""
     examples = [prior_examples(job, quantile) for job in jobs]
-    X = np.concatenate([x for x, _ in examples])
-    y = np.concatenate([y for _, y in examples])
+    X = np.concatenate([np.zeros((0, 2)), *(x for x, _ in examples)])
+    y = np.concatenate([np.zeros(0), *(y for _, y in examples)])
     if len(np.unique(y)) < 2:
         raise ValueError("a prior calibration needs running tasks that straggled and some that did not")
     model = LogisticRegression(C=1e4, max_iter=2000).fit(X, y.astype(int))

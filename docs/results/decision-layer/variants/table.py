@@ -1,5 +1,6 @@
 """Render a variant table of docs/results.md §11 from the runs in a folder: "How the probability was
-chosen" from this one, "One probability for both spacings" from ``spacing/``.
+chosen" from this one, "One probability for both spacings" from ``spacing/``, "A ceiling for the
+predictor" from ``ceiling/`` and "The survival prior, calibrated across jobs" from ``prior/``.
 
 .venv/bin/python docs/results/decision-layer/variants/table.py [FOLDER]
 """
@@ -24,11 +25,14 @@ def cell(path: Path) -> str:
 
 def main() -> None:
     runs_in = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
-    names = sorted({p.stem.split("-", 1)[1] for p in runs_in.glob("syn*-*.json")})
-    print("| variant | syn-60: JCT at gross | syn-300: JCT at gross |")
-    print("|---|---|---|")
+    both = runs_in.resolve() != HERE and any(runs_in.glob("causal*-*.json"))
+    traces = ("syn", "causal") if both else ("syn",)  # this folder's causal runs are quoted apart
+    columns = [(trace, cps) for trace in traces for cps in (60, 300)]
+    names = sorted({p.stem.split("-", 1)[1] for t, c in columns for p in runs_in.glob(f"{t}{c}-*.json")})
+    print("| variant | " + " | ".join(f"{t}-{c}: JCT at gross" for t, c in columns) + " |")
+    print("|---|" + "---|" * len(columns))
     for name in names:
-        runs = (cell(runs_in / f"syn{cps}-{name}.json") for cps in (60, 300))
+        runs = (cell(runs_in / f"{t}{c}-{name}.json") for t, c in columns)
         print(f"| `{name}` | {' | '.join(runs)} |")
     if runs_in.resolve() != HERE:
         return
