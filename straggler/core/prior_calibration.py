@@ -4,10 +4,11 @@ The survival prior is P(latency >= threshold | latency >= elapsed) under the job
 curve (finished tasks are events, running ones censored). Read as a probability it is off in two
 ways that no single job can see, because only a complete job shows which of its tasks straggled:
 - early, the curve knows only the fastest tasks, the threshold is extrapolated past its last event
-  and every running task gets about the same high probability (on the blind generator's trace 2027,
-  a prior of 0.5-0.6 with under a quarter of the tasks finished came true for 0.10 of them);
-- late, the tasks still running straggle more often than the curve says (they include those that
-  started late, after an eviction or on a busy machine): a prior of 0.10 came true for 0.27.
+  and every running task gets about the same high probability (on the blind generator's trace 2027
+  at 60 s, a mean of 0.54 while under a quarter of the tasks had finished, where 0.125 straggled:
+  `scripts/fit_prior_calibration.py --judge`);
+- late, the tasks still running straggle more often than a low prior says (they include those that
+  started late, after an eviction or on a busy machine).
 
 `PriorCalibration` is a fixed logistic map of the prior and the job's finished share that corrects
 both. `fit_prior_calibration` learns it from complete jobs (labelled by their own p90); the shipped
