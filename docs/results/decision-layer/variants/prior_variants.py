@@ -15,6 +15,9 @@ Presets (each a `SurvivalGate`; the shipped one is ``SurvivalGate(shrink=0.2)`` 
   logit p' = -1.7319 + 0.7198 logit p + 2.0039 share - 0.0109 share logit p;
 - ``prior-capped``: shrink 0.25, the prior's P(latency >= threshold) capped at 1 - 0.9 (the
   threshold is the p90), calibrated by -0.7073 + 0.8469 logit p + 0.9371 share;
+- ``prior-crossjob``: the shipped gate with its calibration fitted on the *other* jobs of the
+  evaluated trace (cross-fitted by job, as the evaluator does for START): what a calibration learned
+  from a cluster's own completed jobs would give (not shipped: the worker has no cross-job state);
 - ``prior-joint``: one logistic map of the prior, the residual curve's own probability and the
   share, -1.3812 + 0.401 logit prior + 0.2553 logit model + 1.2057 share, in place of the shrink.
 
@@ -29,7 +32,7 @@ from scipy.special import expit, logit
 
 from straggler.core import nurd
 from straggler.core.method import Scores
-from straggler.core.prior_calibration import PriorCalibration
+from straggler.core.prior_calibration import PriorCalibration, fit_prior_calibration
 from straggler.core.survival import LatencySurvival
 
 
@@ -66,6 +69,17 @@ class JointGate(nurd.SurvivalGate):
         return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, expit(z))
 
 
+class CrossJobNurd(nurd.Nurd):
+    """The shipped `nurd` whose prior calibration is fitted on complete jobs of the same trace."""
+
+    learns_across_jobs = True
+
+    def fit_population(self, jobs):
+        self.gate = nurd.SurvivalGate(calibration=fit_prior_calibration(jobs))
+        print(f"prior-crossjob: {self.gate.calibration}", file=sys.stderr)
+        return self
+
+
 RAW = PriorCalibration(0.0, 1.0, 0.0)
 for s in (15, 20, 25):
     nurd.PRESETS[f"prior-s{s}"] = lambda rs, s=s: nurd.Nurd(
@@ -74,6 +88,7 @@ for s in (15, 20, 25):
 nurd.PRESETS["prior-raw"] = lambda rs: nurd.Nurd(
     gate=nurd.SurvivalGate(shrink=0.25, calibration=RAW), random_state=rs
 )
+nurd.PRESETS["prior-crossjob"] = lambda rs: CrossJobNurd(random_state=rs)
 nurd.PRESETS["prior-interaction"] = lambda rs: nurd.Nurd(gate=InteractionGate(shrink=0.25), random_state=rs)
 nurd.PRESETS["prior-capped"] = lambda rs: nurd.Nurd(gate=CappedGate(shrink=0.25), random_state=rs)
 nurd.PRESETS["prior-joint"] = lambda rs: nurd.Nurd(
