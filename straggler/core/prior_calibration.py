@@ -80,7 +80,8 @@ class PriorCalibration(BaseEstimator):
 def prior_examples(job: JobTrace, quantile: float = 0.9) -> tuple[FloatArray, FloatArray]:
     """Rows (logit survival prior, finished share) and labels (the task straggled: its latency reached
     the job's true ``quantile``) of ``job``'s running, scored tasks below the online threshold, at
-    every checkpoint from the one the job is first predicted at, as `OnlineJob` would see them."""
+    every checkpoint from the one the job is first predicted at (`OnlineJob`'s, but for its flagged
+    tasks, which a method's own flags take out of its curve)."""
     scored = job.scored
     latency = job.latency
     truth = latency >= oracle_threshold(latency[scored], quantile)
