@@ -15,32 +15,28 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 from scipy.special import expit
 from sklearn.metrics import log_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from straggler.core.jobtrace import JobTrace  # noqa: E402
+from straggler.core.arrays import FloatArray  # noqa: E402
 from straggler.core.prior_calibration import (  # noqa: E402
     PriorCalibration,
-    fit_prior_calibration,
-    prior_examples,
+    calibration_from_examples,
+    pooled_examples,
 )
 from straggler.traces.loading import load_traces  # noqa: E402
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 1.01)
 
 
-def judge(calibration: PriorCalibration, jobs: Sequence[JobTrace], name: str, table: bool) -> None:
-    """Print the log losses on ``jobs`` and, with ``table``, the reliability by finished share."""
-    examples = [prior_examples(job) for job in jobs]
-    X = np.concatenate([x for x, _ in examples])
-    y = np.concatenate([y for _, y in examples])
+def judge(calibration: PriorCalibration, X: FloatArray, y: FloatArray, name: str, table: bool) -> None:
+    """Print the log losses on the examples ``X``, ``y`` (`pooled_examples`) and, with ``table``, the
+    reliability by finished share."""
     raw = expit(X[:, 0])
     calibrated = calibration.transform(raw, X[:, 1])
     print(
@@ -75,17 +71,18 @@ def main(argv: list[str] | None = None) -> None:
             "synthetic", None, checkpoint_seconds=spacing, jobs=args.jobs, seed=seed, progress=False
         )
     ]
-    calibration = fit_prior_calibration(jobs)
+    X, y = pooled_examples(jobs)
+    calibration = calibration_from_examples(X, y)
     print(
         f"PriorCalibration(intercept={calibration.intercept}, slope={calibration.slope}, "
         f"progress={calibration.progress})"
     )
-    judge(calibration, jobs, f"synthetic seeds {args.seeds}", table=False)
+    judge(calibration, X, y, f"synthetic seeds {args.seeds}", table=False)
     for spec in args.judge:
         fmt, _, path = spec.partition(":")
         for spacing in spacings:
             trace = load_traces(fmt, Path(path), checkpoint_seconds=spacing, progress=False)
-            judge(calibration, trace, f"{spec} at {spacing:g} s", table=True)
+            judge(calibration, *pooled_examples(trace), f"{spec} at {spacing:g} s", table=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,18 @@ class Decision:
     """The method's P(latency >= threshold) for the task (NaN if it has none); 1 once elapsed reaches it."""
 
 
+START_FRACTION = 0.04
+"""A job is predicted once this share of its expected tasks has finished, and at least MIN_FINISHED."""
+MIN_FINISHED = 2
+
+
+def finished_needed(
+    expected_tasks: int, start_fraction: float = START_FRACTION, min_finished: int = MIN_FINISHED
+) -> int:
+    """How many of a job's tasks must have finished before it is predicted (`OnlineJob.ready`)."""
+    return max(min_finished, math.ceil(start_fraction * expected_tasks))
+
+
 class OnlineJob:
     """One job's online straggler prediction, fed one task event at a time."""
 
@@ -53,8 +65,8 @@ class OnlineJob:
         *,
         threshold: float | None = None,
         quantile: float = 0.9,
-        start_fraction: float = 0.04,
-        min_finished: int = 2,
+        start_fraction: float = START_FRACTION,
+        min_finished: int = MIN_FINISHED,
         refit_growth: float = 0.25,
     ) -> None:
         self.state = JobState(job_id, n_features, expected_tasks)
@@ -74,7 +86,7 @@ class OnlineJob:
 
     def ready(self) -> bool:
         """Has the job finished enough tasks to start predicting?"""
-        needed = max(self.min_finished, math.ceil(self.start_fraction * self.state.expected_tasks))
+        needed = finished_needed(self.state.expected_tasks, self.start_fraction, self.min_finished)
         return self.state.n_finished >= needed
 
     def threshold_at(

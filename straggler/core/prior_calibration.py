@@ -30,14 +30,12 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.utils._param_validation import Interval
 
 from straggler.core.arrays import FloatArray
+from straggler.core.online import finished_needed
 from straggler.core.survival import LatencySurvival
 from straggler.core.threshold import online_threshold, oracle_threshold
 
 if TYPE_CHECKING:
     from straggler.core.jobtrace import JobTrace
-
-START_FRACTION = 0.04
-"""A job is predicted once this share of its tasks (and at least 2) finished (`OnlineJob.ready`)."""
 
 
 def survival_prior(latency_finished: FloatArray, elapsed_running: FloatArray, threshold: float) -> FloatArray:
@@ -85,7 +83,7 @@ def prior_examples(job: JobTrace, quantile: float = 0.9) -> tuple[FloatArray, Fl
     scored = job.scored
     latency = job.latency
     truth = latency >= oracle_threshold(latency[scored], quantile)
-    needed = max(2, math.ceil(START_FRACTION * job.expected_tasks))
+    needed = finished_needed(job.expected_tasks)
     rows: list[FloatArray] = []
     labels: list[FloatArray] = []
     for k, at in enumerate(job.checkpoints.tolist()):
@@ -108,12 +106,22 @@ def prior_examples(job: JobTrace, quantile: float = 0.9) -> tuple[FloatArray, Fl
     return np.concatenate(rows), np.concatenate(labels)
 
 
-def fit_prior_calibration(jobs: Sequence[JobTrace], quantile: float = 0.9) -> PriorCalibration:
-    """The `PriorCalibration` that best predicts (log loss) which running tasks of complete ``jobs``
-    straggled, coefficients rounded to three decimals; raises ValueError with no usable example."""
+def pooled_examples(jobs: Sequence[JobTrace], quantile: float = 0.9) -> tuple[FloatArray, FloatArray]:
+    """`prior_examples` of every job of ``jobs``, stacked."""
     examples = [prior_examples(job, quantile) for job in jobs]
     X = np.concatenate([np.zeros((0, 2)), *(x for x, _ in examples)])
     y = np.concatenate([np.zeros(0), *(y for _, y in examples)])
+    return X, y
+
+
+def fit_prior_calibration(jobs: Sequence[JobTrace], quantile: float = 0.9) -> PriorCalibration:
+    """The `PriorCalibration` that best predicts (log loss) which running tasks of complete ``jobs``
+    straggled, coefficients rounded to three decimals; raises ValueError with no usable example."""
+    return calibration_from_examples(*pooled_examples(jobs, quantile))
+
+
+def calibration_from_examples(X: FloatArray, y: FloatArray) -> PriorCalibration:
+    """`fit_prior_calibration` on examples already pooled (`pooled_examples`)."""
     if len(np.unique(y)) < 2:
         raise ValueError("a prior calibration needs running tasks that straggled and some that did not")
     model = LogisticRegression(C=1e4, max_iter=2000).fit(X, y.astype(int))

@@ -34,7 +34,7 @@ from scipy.special import expit, logit
 from straggler.core import registry
 from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
-from straggler.core.survival import LatencySurvival
+from straggler.core.prior_calibration import survival_prior
 from straggler.core.threshold import online_threshold, oracle_threshold
 
 ROWS_PER_FOLD = 300_000
@@ -67,11 +67,9 @@ def checkpoint_features(
         return timing
     if os.environ.get("CEILING_FEATURES") == "prior":  # the survival prior, recalibrated
         threshold = online_threshold(latency_finished, elapsed).value if len(latency_finished) else np.inf
-        survival = LatencySurvival(latency_finished, elapsed) if len(latency_finished) else None
-        if survival is None or not np.isfinite(threshold):
+        if not np.isfinite(threshold):
             return np.column_stack([np.full(n, np.nan), share])
-        reach = survival.sf(np.array([threshold]))[0]
-        prior = np.clip(reach / np.maximum(survival.sf(elapsed), 1e-12), 1e-4, 1.0 - 1e-4)
+        prior = survival_prior(latency_finished, elapsed, threshold)
         return np.column_stack([logit(prior), share])
     return np.column_stack([X_running, z, timing])
 
