@@ -1,7 +1,7 @@
 import numpy as np
 
 from straggler.core.survival import kaplan_meier
-from straggler.core.threshold import online_threshold, oracle_threshold
+from straggler.core.threshold import censored_lognormal, online_threshold, oracle_threshold
 
 
 def test_kaplan_meier_matches_a_hand_computed_curve() -> None:
@@ -35,3 +35,14 @@ def test_online_threshold_extrapolates_above_what_it_has_seen_early() -> None:
     # censoring-aware estimate is far closer to the truth than the finished tasks' own p90
     assert abs(estimate.value - truth) < 0.25 * abs(naive - truth)
     assert estimate.value >= finished.max()
+
+
+def test_censored_lognormal_recovers_the_parameters_the_finished_tasks_alone_miss() -> None:
+    rng = np.random.default_rng(3)
+    latency = rng.lognormal(3.0, 0.5, size=2000)
+    at = np.quantile(latency, 0.5)  # half still running at the checkpoint
+    finished = latency[latency <= at]
+    mu, sigma = censored_lognormal(finished, np.full(int(np.sum(latency > at)), at))
+    assert abs(mu - 3.0) < 0.05 and abs(sigma - 0.5) < 0.05
+    naive = np.log(finished)  # ignoring the running tasks biases both down
+    assert naive.mean() < 2.8 and naive.std() < 0.35

@@ -44,8 +44,9 @@ def _normal_logpdf(x: FloatArray, mu: float, sigma: float) -> FloatArray:
     return -(z**2) / 2.0 - _LOG_SQRT_2PI - np.log(np.full(len(z), sigma))
 
 
-def _lognormal_censored_quantile(finished: FloatArray, censored: FloatArray, quantile: float) -> float:
-    """Quantile of a log-normal fitted by maximum likelihood with right-censored observations."""
+def censored_lognormal(finished: FloatArray, censored: FloatArray) -> tuple[float, float]:
+    """(mu, sigma) of log latency: a log-normal fitted by maximum likelihood to ``finished``
+    latencies and right-censored ``censored`` ones (running tasks' elapsed times)."""
     y = np.log(np.maximum(finished, 1e-3))
     c = np.log(np.maximum(censored, 1e-3))
     mu0 = float(np.mean(np.r_[y, c])) if len(y) + len(c) else 0.0
@@ -66,7 +67,13 @@ def _lognormal_censored_quantile(finished: FloatArray, censored: FloatArray, qua
         bounds=[(None, None), (np.log(1e-3), np.log(50.0))],
     )
     mu, log_sigma = result.x
-    return float(np.exp(mu + np.exp(log_sigma) * stats.norm.ppf(quantile)))
+    return float(mu), float(np.exp(log_sigma))
+
+
+def _lognormal_censored_quantile(finished: FloatArray, censored: FloatArray, quantile: float) -> float:
+    """Quantile of a log-normal fitted by maximum likelihood with right-censored observations."""
+    mu, sigma = censored_lognormal(finished, censored)
+    return float(np.exp(mu + sigma * stats.norm.ppf(quantile)))
 
 
 @dataclass(frozen=True)

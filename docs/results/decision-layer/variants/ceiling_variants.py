@@ -17,7 +17,8 @@ with a perfect one. From the repository root:
 what a survival model sees); ``CEILING_FEATURES=prior`` gives it only the job's survival prior
 (`Nurd.prior`, uncalibrated) and finished share, so it learns a calibration of that prior;
 with it, ``CEILING_SHARES=lo,hi`` uses the learned calibration only while the job's finished share
-is in [lo, hi), the raw prior elsewhere.
+is in [lo, hi), the raw prior elsewhere. ``CEILING_SHIFT=S`` adds S to every probability's log-odds
+(a ceiling made bolder than calibrated: does spending more machine time buy the bar?).
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ class FeatureCeiling(StragglerMethod):
             share = data.n_finished / max(data.expected_tasks, 1)
             if not lo <= share < hi:
                 probability = np.where(np.isfinite(X[:, 0]), expit(X[:, 0]), probability)
+        shift = float(os.environ.get("CEILING_SHIFT", "0"))  # log-odds added: a deliberately bolder ceiling
+        if shift:
+            probability = expit(logit(np.clip(probability, 1e-6, 1 - 1e-6)) + shift)
         return Scores.from_labels(probability >= 0.5, probability=probability)
 
 

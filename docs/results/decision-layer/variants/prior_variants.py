@@ -19,7 +19,10 @@ Presets (each a `SurvivalGate`; the shipped one is ``SurvivalGate(shrink=0.2)`` 
   evaluated trace (cross-fitted by job, as the evaluator does for START): what a calibration learned
   from a cluster's own completed jobs would give (not shipped: the worker has no cross-job state);
 - ``prior-joint``: one logistic map of the prior, the residual curve's own probability and the
-  share, -1.3812 + 0.401 logit prior + 0.2553 logit model + 1.2057 share, in place of the shrink.
+  share, -1.3812 + 0.401 logit prior + 0.2553 logit model + 1.2057 share, in place of the shrink;
+- ``bold-B``: the shipped `nurd` with B added to the log-odds of every probability it hands the
+  policy once a task of the job has finished (miscalibrated on purpose: does spending more buy the
+  bar, and where?).
 
 Every coefficient above was fitted on the synthetic generator's seeds 10 and 11 (60 s and 300 s
 checkpoints pooled), as `scripts/fit_prior_calibration.py` does for the shipped one.
@@ -69,6 +72,21 @@ class JointGate(nurd.SurvivalGate):
         return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, expit(z))
 
 
+class BoldGate(nurd.SurvivalGate):
+    """The shipped gate with ``shift`` added to every probability's log-odds: a bolder `nurd`."""
+
+    def __init__(self, shift: float = 0.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.shift = shift
+
+    def scores(self, model, data, view, latency, weight):
+        full = super().scores(model, data, view, latency, weight)
+        if data.n_finished == 0:
+            return full
+        bold = expit(logit(np.clip(full.probability, 1e-4, 1 - 1e-4)) + self.shift)
+        return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, bold)
+
+
 class CrossJobNurd(nurd.Nurd):
     """The shipped `nurd` whose prior calibration is fitted on complete jobs of the same trace."""
 
@@ -88,6 +106,8 @@ for s in (15, 20, 25):
 nurd.PRESETS["prior-raw"] = lambda rs: nurd.Nurd(
     gate=nurd.SurvivalGate(shrink=0.25, calibration=RAW), random_state=rs
 )
+for b in (1, 2, 3, 4):
+    nurd.PRESETS[f"bold-{b}"] = lambda rs, b=b: nurd.Nurd(gate=BoldGate(shift=float(b)), random_state=rs)
 nurd.PRESETS["prior-crossjob"] = lambda rs: CrossJobNurd(random_state=rs)
 nurd.PRESETS["prior-interaction"] = lambda rs: nurd.Nurd(gate=InteractionGate(shrink=0.25), random_state=rs)
 nurd.PRESETS["prior-capped"] = lambda rs: nurd.Nurd(gate=CappedGate(shrink=0.25), random_state=rs)

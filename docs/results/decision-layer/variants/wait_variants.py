@@ -13,7 +13,8 @@ value of deciding at the next checkpoint with the next verdict known: E[max(valu
 the next mean log-odds, normal with the job's pooled verdict spread over n + 1 (three-point
 Gauss-Hermite), each copy valued alone; a copy made later starts a checkpoint interval later, and
 only if the task still runs. The presets are `spacing_variants.py`'s plus ``preq-s60``, ``-s75``,
-``-s100`` (`SurvivalGate(shrink=...)`).
+``-s100`` (`SurvivalGate(shrink=...)`), and `prior_variants.py`'s (``bold-B``: waiting with a bolder
+`nurd`, at HEAD after fce7847; the runs named ``*-bold-*`` in ``wait/``).
 """
 
 import math
@@ -27,6 +28,7 @@ from straggler.core import speculation as sp
 from straggler.core.survival import LatencySurvival
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import prior_variants  # noqa: F401 (its presets: the `bold-B` ones)
 import spacing_variants  # its presets
 
 DEFAULT_SPREAD = 1.0
