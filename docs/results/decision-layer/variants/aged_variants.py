@@ -54,16 +54,11 @@ def plan(self, job, at):
             if not history or not math.isfinite(running.threshold) or running.threshold <= now:
                 continue
             at_threshold, at_now = survival.sf(np.array([running.threshold, now]))
-            aged = []
-            for log_odds, then in history:
-                at_then = float(survival.sf(np.array([then]))[0])
-                kept = (
-                    (at_now - at_threshold) / (at_then - at_threshold)
-                    if at_then - at_threshold > 1e-12
-                    else 1.0
-                )
-                aged.append(log_odds - math.log(min(max(kept, 1e-6), 1.0)))
-            mean = min(max(sum(aged) / len(aged), -30.0), 30.0)
+            log_odds, then = np.array(history).T
+            mass = survival.sf(then) - at_threshold  # P(then <= L < threshold)
+            kept = np.where(mass > 1e-12, (at_now - at_threshold) / np.where(mass > 1e-12, mass, 1.0), 1.0)
+            aged = log_odds - np.log(np.clip(kept, 1e-6, 1.0))
+            mean = min(max(float(aged.mean()), -30.0), 30.0)
             running.probability = 1.0 / (1.0 + math.exp(-mean))
     return _plan(self, job, at)
 

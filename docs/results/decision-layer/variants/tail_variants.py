@@ -42,8 +42,7 @@ class LogNormalTail(LatencySurvival):
             return super().sf(x)
         x = np.asarray(x, dtype=np.float64)
         mu, sigma = self.fit
-        index = np.searchsorted(self.times, x, side="right")
-        inside = np.where(index > 0, self.values[np.maximum(index - 1, 0)], 1.0)
+        inside = super().sf(x)  # the Kaplan-Meier steps up to the last event; its tail is replaced below
 
         def log_sf(t):
             return special.log_ndtr(-(np.log(np.maximum(t, 1e-9)) - mu) / sigma)
