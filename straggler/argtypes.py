@@ -13,6 +13,7 @@ import logging
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,6 +31,10 @@ HOST_PORT = re.compile(r"(?:[A-Za-z_]+://)?\[?[A-Za-z0-9._:-]+\]?:(\d{1,5})")
 """One bootstrap server: an optional ``protocol://``, a host (or ``[IPv6]``) and a port."""
 
 
+POLICY_NAME_LIMIT = 64
+"""The longest policy name a relaunch command carries (schemas/relaunch_command.v2.schema.json)."""
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows ``(default: X)`` after every option with a default, unless its help already says it
     (options whose default is None or off say what that means in their help)."""
@@ -42,6 +47,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if default == "":
             return f"{help_text} (default: none)"
         return super()._get_help_string(action)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """Wrapped as argparse does, but never inside a hyphenated name (``mantri-duplicate``)."""
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
 
 
 class Parser(argparse.ArgumentParser):
@@ -162,9 +171,14 @@ def policy(text: str) -> str:
     from straggler.core.policy_spec import make_policy
 
     try:
-        make_policy(text)
+        name = make_policy(text).name
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    if len(name) > POLICY_NAME_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"policy {text!r}: its name {name!r} is over {POLICY_NAME_LIMIT} characters, "
+            "the most a command's policy field holds"
+        )
     return text
 
 

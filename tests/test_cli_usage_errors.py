@@ -54,6 +54,14 @@ WRONG_VALUES = {
     "worker --partitions 0": (["worker", "--bootstrap", NOBODY, "--partitions", "0"], "--partitions"),
     "worker --bootstrap": (["worker", "--bootstrap", "nohost"], "--bootstrap"),
     "mitigate --policy": (["mitigate", "--bootstrap", NOBODY, "--policy", "fastest"], "--policy"),
+    "mitigate --policy with a name too long": (
+        ["mitigate", "--bootstrap", NOBODY, "--policy", "speculate:" + "9" * 60],
+        "--policy",
+    ),
+    "mitigate --policy speculate@0": (
+        ["mitigate", "--bootstrap", NOBODY, "--policy", "speculate@0"],
+        "--policy",
+    ),
     "mitigate --batch-size": (["mitigate", "--bootstrap", NOBODY, "--batch-size", "0"], "--batch-size"),
     "mitigate --metrics-port": (
         ["mitigate", "--bootstrap", NOBODY, "--metrics-port", "70000"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -122,6 +123,52 @@ def test_policies_by_name() -> None:
         make_policy("speculate:x")
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("copy-everything")
+
+
+def test_a_machine_price_is_spelled_after_at() -> None:
+    priced = make_policy("speculate:3@6.5", 60.0)
+    assert isinstance(priced, Speculate)
+    assert (priced.machine_price, priced.machines, priced.checkpoint_interval) == (6.5, 3, 60.0)
+    assert priced.name == "speculate:3@6.5"
+    assert make_policy("speculate@8").name == "speculate"  # the default price names no price
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("speculate@0", "positive number"),
+        ("speculate@nan", "positive number"),
+        ("speculate@inf", "positive number"),
+        ("speculate@", "with a number PRICE"),
+        ("speculate@cheap", "with a number PRICE"),
+        ("spark@4", "only speculate takes a machine price"),
+        ("speculate:x@4", "integer M"),
+    ],
+)
+def test_a_meaningless_machine_price_is_refused_naming_the_spec(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        make_policy(spec)
+    assert spec in str(error.value)
+
+
+def test_a_lower_machine_price_buys_copies_the_default_does_not() -> None:
+    """The price reaches the decision: over a range of straggle probabilities for one running task, a
+    cheaper policy copies it wherever a dearer one does, and at some probabilities where it does not."""
+
+    def copies(spec: str, probability: float) -> bool:
+        policy = make_policy(spec, 10.0)
+        assert isinstance(policy, Speculate)
+        finished_job(policy, n=60)
+        running = [verdict(f"r-{i}", 120.0, 100.0) for i in range(20)]
+        told = verdict("x", 120.0, 60.0, threshold=140.0, probability=probability)
+        return "x" in [a.task_id for a in policy.on_checkpoint("job", 120.0, [*running, told])]
+
+    probabilities = np.linspace(0.05, 0.95, 19)
+    specs = ("speculate@2", "speculate@4", "speculate")
+    by_price = [[copies(spec, p) for p in probabilities] for spec in specs]
+    for cheaper, dearer in itertools.pairwise(by_price):
+        assert all(c or not d for c, d in zip(cheaper, dearer, strict=True))
+    assert sum(by_price[0]) > sum(by_price[1]) > 0
 
 
 def test_mantris_duplicate_test_copies_a_task_likely_to_outlast_two_copies() -> None:

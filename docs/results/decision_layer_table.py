@@ -12,10 +12,11 @@ HERE = Path(__file__).resolve().parent / "decision-layer"
 RUNS = ("syn-60", "syn-300", "causal-60", "causal-300", "google-60", "google-300")
 MORE_SAMPLES = tuple(
     f"{source}-{cps}"
-    for source in ("syn-seed1", "syn-seed2", *(f"causal-seed{s}" for s in (2028, 2029, 2030, 2031)))
+    for source in ("syn-seed1", "syn-seed2", *(f"causal-seed{s}" for s in (2028, 2029, 2030, 2031, 2032)))
     for cps in (60, 300)
 )
-"""The same generators at other seeds, run on the shipped `nurd` (seeds 2030 and 2031: its first results)."""
+"""The same generators at other seeds, run on the shipped `nurd` (seeds 2030, 2031 and 2032: its first
+results)."""
 
 
 def rows(run: str, summary: dict) -> list[str]:

@@ -118,6 +118,8 @@ class SparkRule:
 
 
 SPARK_DEFAULTS = SparkRule()
+DEFAULT_MACHINE_PRICE = 8.0
+"""The measured knee on the real and synthetic traces (docs/results.md §9)."""
 
 
 class Speculate(MitigationPolicy):
@@ -149,7 +151,7 @@ class Speculate(MitigationPolicy):
 
     def __init__(
         self,
-        machine_price: float = 8.0,
+        machine_price: float = DEFAULT_MACHINE_PRICE,
         budget: float = 0.1,
         machines: int | None = None,
         checkpoint_interval: float = 300.0,
@@ -157,8 +159,8 @@ class Speculate(MitigationPolicy):
         stuck_prior: float = 0.001,
         floor: SparkRule | None = SPARK_DEFAULTS,
     ) -> None:
-        if not machine_price > 0:
-            raise ValueError(f"machine_price must be positive, got {machine_price}")
+        if not 0 < machine_price < math.inf:
+            raise ValueError(f"machine_price must be a positive number, got {machine_price}")
         if not budget >= 0:
             raise ValueError(f"budget must be >= 0, got {budget}")
         if machines is not None and machines < 1:
@@ -175,6 +177,8 @@ class Speculate(MitigationPolicy):
         self.stuck_prior = stuck_prior
         self.floor = floor
         self.name = "speculate" if machines is None else f"speculate:{machines}"
+        if machine_price != DEFAULT_MACHINE_PRICE:
+            self.name += f"@{machine_price:g}"
         self._jobs: dict[str, _Job] = {}
 
     def _job(self, job_id: str) -> _Job:
