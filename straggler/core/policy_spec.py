@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 from straggler.core.policies import Limited, Mantri, MitigationPolicy, Unlimited
-from straggler.core.speculation import MantriDuplicate, Spark, Speculate
+from straggler.core.speculation import DEFAULT_MACHINE_PRICE, MantriDuplicate, Spark, Speculate
 
 DEFAULT_POLICY = "speculate"
 POLICY_SPECS = (
@@ -29,36 +29,28 @@ POLICY_SPECS = (
 def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
     """The policy named by ``spec`` (see the module docstring)."""
     base, priced, price_text = spec.partition("@")
-    if priced:
-        if base.partition(":")[0] != "speculate":
-            raise ValueError(f"policy {spec!r}: only speculate takes a machine price, as speculate[:M]@PRICE")
-        try:
-            price = float(price_text)
-        except ValueError as error:
-            raise ValueError(f"policy {spec!r}: expected speculate[:M]@PRICE with a number PRICE") from error
-        machines = _speculate_machines(spec, base)
+    name, counted, count = base.partition(":")
+    if priced and name != "speculate":
+        raise ValueError(f"policy {spec!r}: only speculate takes a machine price, as speculate[:M]@PRICE")
+    if counted and name not in ("limited", "speculate", "mantri-duplicate"):
+        raise ValueError(f"unknown policy {spec!r}; use {POLICY_SPECS}")
+    machines = _machines(spec, name, count) if counted else None
+    if name == "speculate":
+        price = _price(spec, price_text) if priced else DEFAULT_MACHINE_PRICE
         try:
             return Speculate(price, machines=machines, checkpoint_interval=checkpoint_interval)
         except ValueError as error:
             raise ValueError(f"policy {spec!r}: {error}") from None
-    if spec in ("relaunch", "unlimited"):
+    if name == "mantri-duplicate":
+        return MantriDuplicate(machines=machines, checkpoint_interval=checkpoint_interval)
+    if machines is not None:
+        return Limited(machines)  # the only other policy with spare machines
+    if name in ("relaunch", "unlimited"):
         return Unlimited()
-    if spec == "mantri":
+    if name == "mantri":
         return Mantri(checkpoint_interval)
-    if spec == "spark":
+    if name == "spark":
         return Spark()
-    if spec == "speculate":
-        return Speculate(checkpoint_interval=checkpoint_interval)
-    if spec == "mantri-duplicate":
-        return MantriDuplicate(checkpoint_interval=checkpoint_interval)
-    name, _, count = spec.partition(":")
-    if name in ("limited", "speculate", "mantri-duplicate") and count:
-        machines = _machines(spec, name, count)
-        if name == "limited":
-            return Limited(machines)
-        if name == "mantri-duplicate":
-            return MantriDuplicate(machines=machines, checkpoint_interval=checkpoint_interval)
-        return Speculate(machines=machines, checkpoint_interval=checkpoint_interval)
     raise ValueError(f"unknown policy {spec!r}; use {POLICY_SPECS}")
 
 
@@ -69,7 +61,8 @@ def _machines(spec: str, name: str, count: str) -> int:
         raise ValueError(f"policy {spec!r}: expected {name}:M with an integer M") from error
 
 
-def _speculate_machines(spec: str, base: str) -> int | None:
-    """M of ``speculate:M`` (None for ``speculate``)."""
-    _, has_count, count = base.partition(":")
-    return _machines(spec, "speculate", count) if has_count else None
+def _price(spec: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError as error:
+        raise ValueError(f"policy {spec!r}: expected speculate[:M]@PRICE with a number PRICE") from error
