@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,6 +32,9 @@ import matplotlib.pyplot as plt
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = HERE.parent
+sys.path.insert(0, str(SHIPPED.parent))
+from decision_layer_table import nurd_bar  # noqa: E402 (docs/results/, where #27's bar is written)
+
 METHODS = ("nurd", "reactive", "gbtr", "nurd-nc")
 
 
@@ -51,22 +55,27 @@ def load() -> dict[str, dict[int, dict]]:
     return runs
 
 
+def policy_row(rows: dict) -> dict:
+    """The row of the run's one policy (``speculate``, ``speculate@6``)."""
+    (row,) = rows.values()
+    return row
+
+
 def point(summary: dict, method: str) -> tuple[float, float] | None:
     row = summary["mitigation"].get(method)
     if row is None:
         return None
-    (m,) = row.values()  # the one policy of the run
+    m = policy_row(row)
     return 100 * m["jct_reduction"], 100 * m["gross_extra_machine_time"]
 
 
 def bar(summary: dict) -> tuple[float, float] | None:
-    """(JCT at least, gross at most) for `nurd` at this price, if ``reactive`` ran."""
-    reactive = point(summary, "reactive")
-    if reactive is None:
+    """(JCT at least, gross at most), %, for `nurd` at this price, if ``reactive`` ran."""
+    if "reactive" not in summary["mitigation"]:
         return None
-    (limit_row,) = summary["mitigation_limit"].values()  # the one policy of the run
-    limit = 100 * limit_row["jct_reduction"]
-    return reactive[0] + 0.5 * (limit - reactive[0]), 1.5 * reactive[1] + 1.0
+    reactive = policy_row(summary["mitigation"]["reactive"])
+    target, cost_cap = nurd_bar(reactive, policy_row(summary["mitigation_limit"]))
+    return 100 * target, 100 * cost_cap
 
 
 def main() -> None:
