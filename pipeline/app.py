@@ -83,8 +83,13 @@ class Worker:
         async for event in cast(faust.Stream[bytes], stream).noack().events():
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
+            # Held from the moment it arrives, before the lock: a stop or a rebalance that lets go
+            # while a commit holds the lock must give this record up too, or Faust waits for it
+            # forever (its flow is suspended, so no later record brings the commit that would ack it).
+            self.unacknowledged[record.position] = event
             async with self.handling:
-                self.unacknowledged[record.position] = event
+                if record.position not in self.unacknowledged:
+                    continue  # given up while waiting: its partition's next owner reads it again
                 await process(self.handler, record, self.send)
                 if record.position in self.unacknowledged:
                     self.commits.handled(record)

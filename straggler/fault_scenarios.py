@@ -59,7 +59,7 @@ from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.topics import create_topics
-from straggler.replay import read_topic, start_cli, stop_child
+from straggler.replay import STRAGGLER_COMMAND, read_topic, start_cli, stop_child
 from straggler.simulation import JobSimulation, recorded_steps, run_closed_loop
 from straggler.traces.small_jobs import make_job
 
@@ -82,6 +82,12 @@ MITIGATOR_STALL_TIMEOUT_S = 45.0
 """The mitigator's watchdog (`consumers.watchdog`), shortened from its 90 s default so that a stuck
 consumer is restarted well within `PROGRESS_TIMEOUT_S`."""
 STOP_TIMEOUT_S = 30.0
+"""How long a child may take to end at the close of a scenario before it is killed."""
+WORKER_STOP_LIMIT_S = 10.0
+"""SIGTERM ends a worker within this, in every state (docs/reliability.md, "A worker stops within
+10 s"): `worker_leaves` and `worker_stops` fail otherwise."""
+HELD_WORKER = REPO / "tests" / "fixtures" / "held_worker.py"
+"""The shipped worker held in one state at a time (a slow commit, a long fit), for `worker_stops`."""
 POLL_S = 0.25
 
 Outgoing = tuple[str, str | None, bytes]
@@ -305,18 +311,32 @@ class Processes:
         self._logs: list[Path] = []
         self._starts: Counter[str] = Counter()
 
-    def _spawn(self, name: str, args: Sequence[str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self,
+        name: str,
+        args: Sequence[str],
+        program: Sequence[str] = STRAGGLER_COMMAND,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
         self._starts[name] += 1
         log_path = self.workdir / f"{name}.{self._starts[name]}.log"
         self._logs.append(log_path)
-        process = start_cli(args, log_path, cwd=REPO, env={"PYTHONFAULTHANDLER": "1"})
+        process = start_cli(
+            args, log_path, cwd=REPO, env={"PYTHONFAULTHANDLER": "1", **(env or {})}, program=program
+        )
         self.running[name] = process
         return process
 
     def start_worker(
-        self, name: str = "worker", pending_grace: float = PENDING_GRACE_S
+        self,
+        name: str = "worker",
+        pending_grace: float = PENDING_GRACE_S,
+        *,
+        program: Sequence[str] = STRAGGLER_COMMAND,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """A Faust worker; the same ``name`` reuses the same data directory (a restart)."""
+        """A Faust worker (``program``: the command that runs it); the same ``name`` reuses the same
+        data directory (a restart)."""
         return self._spawn(
             name,
             [
@@ -332,6 +352,8 @@ class Processes:
                 "--loglevel",
                 "info",
             ],
+            program,
+            env,
         )
 
     def start_mitigator(self, name: str = "mitigator") -> subprocess.Popen[bytes]:
@@ -369,6 +391,40 @@ class Processes:
         if code is None:
             raise ScenarioFailed(f"{name} did not exit within {STOP_TIMEOUT_S:g} s of {sig.name}")
         return code
+
+    def stop_worker(self, name: str) -> float:
+        """SIGTERM one worker; the seconds it took to exit with status 0. Raises `ScenarioFailed` if it
+        takes longer than `WORKER_STOP_LIMIT_S` (it is then killed) or exits otherwise."""
+        process = self.running.pop(name)
+        if process.poll() is not None:
+            self.crashed.append(f"{name} exited with {process.returncode}")
+            raise ScenarioFailed(f"{name} had exited ({process.returncode}) before SIGTERM")
+        started = time.monotonic()
+        code = stop_child(process, WORKER_STOP_LIMIT_S, signal.SIGTERM)
+        seconds = time.monotonic() - started
+        if code is None:
+            raise ScenarioFailed(f"{name} did not exit within {WORKER_STOP_LIMIT_S:g} s of SIGTERM")
+        if code != 0:
+            raise ScenarioFailed(f"{name} exited with {code} after SIGTERM")
+        return seconds
+
+    def lines(self, name: str, text: str) -> int:
+        """How many lines of ``name``'s current log contain ``text``."""
+        path = self.workdir / f"{name}.{self._starts[name]}.log"
+        with contextlib.suppress(OSError):
+            return sum(text in line for line in path.read_text(errors="replace").splitlines())
+        return 0
+
+    def wait_for_line(self, name: str, text: str, timeout: float, seen: int = 0) -> None:
+        """Wait until ``name``'s log has more than ``seen`` lines containing ``text``."""
+        started = time.monotonic()
+        while self.lines(name, text) <= seen:
+            self.check_alive()
+            if name not in self.running:
+                raise ScenarioFailed(f"{name} exited while waiting for {text!r}\n{self.log_tail()}")
+            if time.monotonic() - started > timeout:
+                raise ScenarioTimeout(f"no {text!r} in {name}'s log after {timeout:g} s\n{self.log_tail()}")
+            time.sleep(0.02)
 
     def check_alive(self) -> None:
         for name, process in list(self.running.items()):
@@ -1096,7 +1152,8 @@ def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult
         before = shares()
         if len(before) != 2 or not all(before):
             raise ScenarioFailed(f"worker-b no longer shares the work before it leaves: {before}")
-        run.procs.signal("worker-b", signal.SIGTERM)
+        seconds = run.procs.stop_worker("worker-b")
+        run.result.notes.append(f"worker-b exited {seconds:.1f} s after SIGTERM")
         everything = sum(before)
         run.watch.wait(
             lambda: shares() == [everything],
@@ -1110,6 +1167,56 @@ def worker_leaves(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult
         return run.verify()
 
 
+STOP_STATES = {
+    "commit": "held: commit",  # records arrive meanwhile
+    "fit": "held: fit",
+    "joining": "(Re-)joining group",
+    "revoking": "Revoking previously assigned partitions",
+}
+"""The states `worker_stops` stops a worker in, each with the line of the worker's log that says it is
+there: a group commit under way (held 3 s, `HELD_WORKER`), a NURD fit holding the event loop (3 s),
+joining the group as a second worker joins (the join waits at the broker for every member), and
+giving its partitions up to that second worker."""
+
+
+def worker_stops(state: str, bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """SIGTERM a worker in ``state`` (`STOP_STATES`) mid-replay: it exits within `WORKER_STOP_LIMIT_S`,
+    having committed what it could and given the rest back; the worker that remains (or a new one)
+    finishes the replay with nothing lost, repeated or changed."""
+    with pipeline_run(f"stop-{state}", bootstrap, workdir, sizes) as run:
+        head, tail = _head_and_tail(run.stream(), 0.6)
+        run.procs.start_mitigator()
+        held = {"HELD_STATE": state} if state in ("commit", "fit") else None
+        if held:
+            run.procs.start_worker("first", program=(str(HELD_WORKER),), env=held)
+        else:
+            run.procs.start_worker("first")
+        publisher = Publisher(bootstrap)
+        publisher.publish(head)
+        run.watch.wait(lambda: len(run.watch.markers) >= 1, PROGRESS_TIMEOUT_S, run.procs, "a first marker")
+        line = STOP_STATES[state]
+        if held:
+            target = "first"
+            run.procs.wait_for_line(target, line, PROGRESS_TIMEOUT_S, run.procs.lines(target, line))
+            if state == "commit":  # records arrive while the commit holds the lock
+                publisher.publish(tail)
+                tail = []
+                time.sleep(1.0)
+        else:
+            target = "second" if state == "joining" else "first"
+            seen = run.procs.lines(target, line) if target == "first" else 0
+            run.procs.start_worker("second")
+            run.procs.wait_for_line(target, line, PROGRESS_TIMEOUT_S, seen)
+        seconds = run.procs.stop_worker(target)
+        run.result.faults += 1
+        run.result.notes.append(f"{target} exited {seconds:.1f} s after SIGTERM while in state {state!r}")
+        if held:
+            run.procs.start_worker("second")
+        publisher.publish(tail)
+        run.result.recovery_seconds = _every_job_progresses(run.watch, run.procs, run.traces)
+        return run.verify()
+
+
 SCENARIOS: dict[str, Callable[[str, Path, Sizes], ScenarioResult]] = {
     "worker-kill": worker_sigkill,
     "worker-kill-repeated": worker_sigkill_repeated,
@@ -1118,5 +1225,6 @@ SCENARIOS: dict[str, Callable[[str, Path, Sizes], ScenarioResult]] = {
     "bad-input": bad_input,
     "duplicates": duplicates_out_of_order,
     "worker-leaves": worker_leaves,
+    **{f"worker-stops-{state}": functools.partial(worker_stops, state) for state in STOP_STATES},
 }
 """Scenario name -> runner. ``broker-restart`` ignores the given broker: it needs one it may stop."""
