@@ -26,6 +26,7 @@ from tls_certificates import CertificateAuthority, Issued
 
 from producers.telemetry import TelemetryProducer
 from schemas import CheckpointEvaluated, Event, Prediction, RelaunchCommand, TaskCheckpoint, decode_each
+from straggler.cli import main
 from straggler.kafka.config import TlsHandshakeError
 from straggler.kafka.embedded import BrokerTls, TlsAddresses, embedded_tls_kafka
 from straggler.kafka.names import TopicNames
@@ -73,10 +74,35 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
 
 
 @pytest.fixture(scope="module")
-def listeners(certificates: Certificates) -> Iterator[TlsAddresses]:
+def broker_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("broker")
+
+
+@pytest.fixture(scope="module")
+def listeners(certificates: Certificates, broker_dir: Path) -> Iterator[TlsAddresses]:
     tls = BrokerTls(certificates.broker.certificate, certificates.broker.key, client_ca=certificates.ca)
-    with embedded_tls_kafka(tls) as addresses:
+    with embedded_tls_kafka(tls, data_dir=broker_dir) as addresses:
         yield addresses
+
+
+def test_the_broker_commands_show_the_tls_listeners(
+    listeners: TlsAddresses, broker_dir: Path, certificates: Certificates, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["broker", "status", "--data-dir", str(broker_dir)]) == 0
+    assert (
+        f"tls: {listeners.tls}, mtls: {listeners.mtls} (client certificate required)"
+        in capsys.readouterr().out
+    )
+    tls_files = [
+        "--tls-certificate", str(certificates.broker.certificate), "--tls-key", str(certificates.broker.key),
+        "--tls-client-ca", str(certificates.ca),
+    ]  # fmt: skip
+    assert main(["broker", "start", "--data-dir", str(broker_dir), *tls_files]) == 0  # finds it running
+    out = capsys.readouterr().out
+    assert "(already running)" in out and f"tls:       {listeners.tls} (SSL)" in out, out
+    assert f"mtls:      {listeners.mtls} (SSL, client certificate required)" in out, out
+    assert main(["broker", "start", "--data-dir", str(broker_dir), *tls_files[:4]]) == 2
+    assert "--tls-certificate, --tls-key and --tls-client-ca go together" in capsys.readouterr().err
 
 
 def client_config(path: Path, ca: Path, client: Issued | None = None) -> Path:

@@ -73,6 +73,8 @@ class BrokerStatus:
     bootstrap: str | None
     log_file: Path
     data_dir: Path
+    tls: TlsAddresses | None = None
+    """The ``TLS`` and ``MTLS`` listeners, when it was started with them."""
 
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -477,6 +479,7 @@ class EmbeddedKafka:
             bootstrap=self._recorded_bootstrap() if pid is not None else None,
             log_file=self.log_file,
             data_dir=self.data_dir,
+            tls=self.tls_addresses() if pid is not None else None,
         )
 
     def start(self) -> str:
