@@ -32,7 +32,7 @@ from straggler.kafka.embedded import BrokerTls, TlsAddresses, embedded_tls_kafka
 from straggler.kafka.names import TopicNames
 from straggler.kafka.security import CONFIG_FILE_ENV
 from straggler.kafka.topics import create_topics
-from straggler.replay import child_process, read_topic
+from straggler.replay import read_topic, start_cli
 
 pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("tls-listener")]  # one broker, two listeners
 SYNTHETIC_JOB = ["--format", "synthetic", "--jobs", "1", "--seed", "2", "--min-tasks", "20"]
@@ -126,6 +126,24 @@ def client_of(config: Path) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def stopped_together(stop_timeout: float = 30.0) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes added to the list are stopped at the end of the block, all SIGTERMed at once
+    (each worker and mitigator takes seconds to leave its group), SIGKILLed if one outlives that."""
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(stop_timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 @dataclass
 class PipelineRun:
     """What one listener's run wrote, read back through that listener."""
@@ -157,7 +175,7 @@ def pipeline_runs(
     }
     topics = {listener: TopicNames(f"{listener}-{uuid.uuid4().hex[:8]}-") for listener in bootstraps}
     runs: dict[str, PipelineRun] = {}
-    with contextlib.ExitStack() as children:
+    with stopped_together() as children:
         producers: dict[str, subprocess.Popen[str]] = {}
         for listener, bootstrap in bootstraps.items():
             with client_of(configs[listener]):
@@ -182,8 +200,8 @@ def pipeline_runs(
                 "--group",
                 f"{topics[listener].prefix}m",
             ]
-            children.enter_context(child_process(worker, directory / f"{listener}-worker.log"))
-            children.enter_context(child_process(mitigator, directory / f"{listener}-mitigator.log"))
+            children.append(start_cli(worker, directory / f"{listener}-worker.log"))
+            children.append(start_cli(mitigator, directory / f"{listener}-mitigator.log"))
             producers[listener] = subprocess.Popen(
                 straggler("produce", *SYNTHETIC_JOB, *common, "--quiet"),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

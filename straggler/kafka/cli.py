@@ -132,6 +132,13 @@ def _broker_start(args: argparse.Namespace) -> int:
     except BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    if tls is not None and broker.tls_addresses() is None:
+        print(
+            f"error: the broker already running on {broker.data_dir} has no TLS listeners; "
+            "stop it first (straggler broker stop)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     reused = "" if broker.started_here else " (already running)"
     print(f"bootstrap: {bootstrap}{reused}")
     _print_tls(broker.tls_addresses())

@@ -329,6 +329,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by this user only (``server.properties`` holds SASL passwords and the
+    TLS listeners' private key)."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+        handle.write(text)
+
+
 def _other_free_ports(taken: int, count: int) -> list[int]:
     """``count`` distinct free ports on 127.0.0.1, none of them ``taken``."""
     ports: list[int] = []
@@ -593,8 +601,9 @@ class EmbeddedKafka:
             "log.retention.check.interval.ms": "300000",
         }
         text = "".join(f"{key}={value}\n" for key, value in properties.items())
-        (self.data_dir / _SERVER_PROPERTIES).write_text(
-            "# Written by straggler.kafka.embedded at every start; edits are overwritten.\n" + text
+        _write_private(
+            self.data_dir / _SERVER_PROPERTIES,
+            "# Written by straggler.kafka.embedded at every start; edits are overwritten.\n" + text,
         )
         log4j = {
             "log4j.rootLogger": "INFO, file",
