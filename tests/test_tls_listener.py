@@ -30,7 +30,7 @@ from straggler.cli import main
 from straggler.kafka.config import TlsHandshakeError
 from straggler.kafka.embedded import BrokerTls, TlsAddresses, embedded_tls_kafka
 from straggler.kafka.names import TopicNames
-from straggler.kafka.security import CONFIG_FILE_ENV
+from straggler.kafka.security import CONFIG_FILE_ENV, SETTING_NAMES
 from straggler.kafka.topics import create_topics
 from straggler.replay import read_topic, start_cli
 
@@ -120,8 +120,11 @@ def straggler(*args: str) -> list[str]:
 
 @contextlib.contextmanager
 def client_of(config: Path) -> Iterator[None]:
-    """This process's clients made inside the block use ``config`` (they read it when created)."""
+    """This process's clients made inside the block use ``config`` (they read it when created), and no
+    security setting of the environment (which would win over the file)."""
     with pytest.MonkeyPatch.context() as scoped:
+        for name in SETTING_NAMES:
+            scoped.delenv(name, raising=False)
         scoped.setenv(CONFIG_FILE_ENV, str(config))
         yield
 
