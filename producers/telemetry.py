@@ -36,9 +36,9 @@ DEFAULT_FLUSH_SECONDS = 30.0
 DEFAULT_LINGER_SECONDS = 0.5
 """Longest a report waits in the SDK for others of its job before its batch is sent."""
 DEFAULT_MAX_BATCH = 1000
+"""A job's batch is sent as soon as this many reports wait (records are cut within 64 KiB anyway)."""
 FLUSH_SLICE_SECONDS = 0.5
 """`flush` waits in slices this long, looking for a failed TLS handshake between them."""
-"""A job's batch is sent as soon as this many reports wait (records are cut within 64 KiB anyway)."""
 
 
 class TelemetryProducer:
