@@ -5,7 +5,9 @@
 sent); reports leave as ``task_batch`` records per job, at most ``linger`` seconds late, keyed by job
 id with murmur2 (sooner once ``max_batch`` are waiting, and at `flush`, `end_job`, `close`). Delivery is
 asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises `DeliveryError`
-carrying every failed delivery.
+carrying every failed delivery. A failed TLS handshake with the brokers (a wrong CA, an expired or
+missing certificate) raises `TlsHandshakeError` naming the address and the cause from the next call
+(`start_job` within about a second), instead of retrying until the records time out.
 
 Example: README.md ("Live telemetry"); the records: docs/stream-protocol.md.
 """
@@ -20,19 +22,23 @@ from numbers import Integral, Real
 from types import TracebackType
 from typing import Any, Self, SupportsFloat, SupportsIndex
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 
 from schemas import Event, JobEvent, TaskCheckpoint, encode, task_batches
 from schemas.events import TaskStatus
-from straggler.kafka.config import DeliveryCounter, DeliveryError, producer_config
+from straggler.kafka.config import DeliveryCounter, DeliveryError, TlsHandshakeError, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
+from straggler.kafka.security import current_security
+from straggler.kafka.tls_errors import handshake_failure
 
 DEFAULT_FLUSH_SECONDS = 30.0
 DEFAULT_LINGER_SECONDS = 0.5
 """Longest a report waits in the SDK for others of its job before its batch is sent."""
 DEFAULT_MAX_BATCH = 1000
 """A job's batch is sent as soon as this many reports wait (records are cut within 64 KiB anyway)."""
+FLUSH_SLICE_SECONDS = 0.5
+"""`flush` waits in slices this long, looking for a failed TLS handshake between them."""
 
 
 class TelemetryProducer:
@@ -55,11 +61,15 @@ class TelemetryProducer:
     ) -> None:
         if not linger > 0 or max_batch < 1:
             raise ValueError(f"linger must be > 0 and max_batch >= 1, got {linger}, {max_batch}")
-        config = dict(producer_config(bootstrap))
+        self._bootstrap = bootstrap
+        self._security = current_security()
+        config = dict(producer_config(bootstrap, security=self._security))
         config.setdefault("partitioner", "murmur2_random")
+        self._client_errors: list[KafkaError] = []
+        self._tls_failure: str | None = None
         self.topics = topics
         self.source = source
-        self._producer = Producer(config)
+        self._producer = Producer({**config, "error_cb": self._client_errors.append})
         self._deliveries = DeliveryCounter()
         self._errors_raised = 0
         self._closed = False
@@ -144,6 +154,7 @@ class TelemetryProducer:
         encode(event)  # validates now: a bad report raises here, not when its batch is sent
         if self._closed:
             raise RuntimeError("TelemetryProducer is closed")
+        self._raise_on_tls_failure()
         with self._lock:
             _, reports = self._waiting.setdefault(job_id, (time.monotonic(), []))
             reports.append(event)
@@ -163,7 +174,14 @@ class TelemetryProducer:
         that failed since the last flush. Reports still waiting for their linger are sent first."""
         for job_id in list(self._waiting):
             self._send_batch(job_id)
-        remaining = self._producer.flush(timeout)
+        deadline = time.monotonic() + timeout
+        remaining = self._producer.flush(min(timeout, FLUSH_SLICE_SECONDS))
+        while remaining:
+            self._raise_on_tls_failure()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            remaining = self._producer.flush(min(left, FLUSH_SLICE_SECONDS))
         errors = self._deliveries.errors[self._errors_raised :]
         if errors:
             self._errors_raised += len(errors)
@@ -201,9 +219,20 @@ class TelemetryProducer:
         with contextlib.suppress(Exception):  # deliver what was reported; keep the block's own error
             self.close()
 
+    def _raise_on_tls_failure(self) -> None:
+        """Raise `TlsHandshakeError` once librdkafka has reported a failed TLS handshake (its error
+        callback, served by ``poll`` and ``flush``); other client errors are left to its retries."""
+        if self._tls_failure is None and self._client_errors:
+            errors = self._client_errors[:]
+            del self._client_errors[: len(errors)]  # error_cb may append meanwhile (another thread's poll)
+            self._tls_failure = handshake_failure(errors, self._bootstrap, self._security)
+        if self._tls_failure is not None:
+            raise TlsHandshakeError(self._tls_failure)
+
     def _send(self, topic: str, job_id: str, event: Event) -> None:
         if self._closed:
             raise RuntimeError("TelemetryProducer is closed")
+        self._raise_on_tls_failure()
         self._produce(topic, job_id, encode(event))  # encode validates before anything is queued
 
     def _send_batch(self, job_id: str) -> None:

@@ -21,6 +21,7 @@ import pytest
 from broker_marks import check_broker_marks
 
 from straggler.kafka.embedded import embedded_kafka
+from straggler.kafka.security import CONFIG_FILE_ENV, SETTING_NAMES
 
 if TYPE_CHECKING:
     from testcontainers.community.kafka import KafkaContainer
@@ -156,3 +157,14 @@ def fresh_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
 def fresh_topic_prefix(fresh_name: Callable[[str], str]) -> str:
     """A topic-name prefix unique to this test, ending in a dot (``t-<test>-<token>.``)."""
     return fresh_name("t") + "."
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No security setting in this process's environment."""
+    for name in (*SETTING_NAMES, CONFIG_FILE_ENV):
+        # setenv first, so teardown restores the variable's absence too: `apply_kafka_config` writes
+        # os.environ itself, and a setting left behind would turn the later tests' clients to TLS
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    return monkeypatch

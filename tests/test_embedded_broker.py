@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 from straggler.kafka.embedded import (
     BrokerPrerequisiteError,
     BrokerStartError,
+    BrokerTls,
     EmbeddedKafka,
     embedded_kafka,
     java_major_version,
@@ -179,3 +180,38 @@ def test_java_8_is_rejected_with_the_version_needed(tmp_path: Path, monkeypatch:
 def test_java_version_parsing_reads_the_major(tmp_path: Path) -> None:
     script = _fake_java(tmp_path / "bin", 'openjdk version "21.0.2" 2024-01-16')
     assert java_major_version(str(script)) == 21
+
+
+def test_the_tls_listeners_and_pem_files_reach_server_properties(tmp_path: Path) -> None:
+    pem = {
+        name: f"-----BEGIN {name}-----\nAAAA\nBBBB\n-----END {name}-----\n" for name in ("CHAIN", "KEY", "CA")
+    }
+    for name, text in pem.items():
+        (tmp_path / name).write_text(text)
+    broker = EmbeddedKafka(
+        data_dir=tmp_path, tls=BrokerTls(tmp_path / "CHAIN", tmp_path / "KEY", tmp_path / "CA")
+    )
+    broker._write_configs(9092, 9093, [9094, 9095])
+    path = tmp_path / "server.properties"
+    properties = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    assert properties["listeners"] == (
+        "PLAINTEXT://127.0.0.1:9092,TLS://127.0.0.1:9094,MTLS://127.0.0.1:9095,CONTROLLER://127.0.0.1:9093"
+    )
+    assert properties["advertised.listeners"] == (
+        "PLAINTEXT://127.0.0.1:9092,TLS://127.0.0.1:9094,MTLS://127.0.0.1:9095"
+    )
+    assert (
+        properties["listener.security.protocol.map"]
+        == "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,TLS:SSL,MTLS:SSL"
+    )
+    assert properties["inter.broker.listener.name"] == "PLAINTEXT"
+    # one line each, as Java's Properties reads them back (an escaped newline is a newline)
+    for key, name in (
+        ("ssl.keystore.certificate.chain", "CHAIN"),
+        ("ssl.keystore.key", "KEY"),
+        ("listener.name.mtls.ssl.truststore.certificates", "CA"),
+    ):
+        assert properties[key].replace("\\n", "\n") == pem[name].strip()
+    assert properties["listener.name.mtls.ssl.client.auth"] == "required"
+    assert "listener.name.tls.ssl.client.auth" not in properties  # TLS alone asks for no client certificate
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # it holds the private key

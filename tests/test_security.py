@@ -14,7 +14,6 @@ from straggler.kafka.config import admin_config, consumer_config, producer_confi
 from straggler.kafka.security import (
     CONFIG_FILE_ENV,
     PLAINTEXT,
-    SETTING_NAMES,
     SecurityConfigError,
     SecuritySettings,
     apply_kafka_config,
@@ -27,17 +26,6 @@ from straggler.kafka.security import (
 )
 
 CA = certifi.where()  # any real PEM bundle serves as a CA file
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No security setting in this process's environment."""
-    for name in (*SETTING_NAMES, CONFIG_FILE_ENV):
-        # setenv first, so teardown restores the variable's absence too: `apply_kafka_config` writes
-        # os.environ itself, and a setting left behind would turn the later tests' clients to TLS
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    return monkeypatch
 
 
 def test_nothing_set_keeps_the_plaintext_configs_of_before(clean_env: pytest.MonkeyPatch) -> None:

@@ -10,13 +10,21 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 
 from straggler.argtypes import bootstrap_servers, port_or_zero, positive_int
-from straggler.kafka.embedded import DEFAULT_PORT, BrokerError, EmbeddedKafka, embedded_kafka
+from straggler.kafka.embedded import (
+    DEFAULT_PORT,
+    BrokerError,
+    BrokerTls,
+    EmbeddedKafka,
+    TlsAddresses,
+    embedded_kafka,
+)
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.kafka.smoke import DEFAULT_MESSAGES, smoke_check
 from straggler.kafka.topics import DEFAULT_PARTITIONS, DEFAULT_REPLICATION, create_topics
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_USAGE = 2
 EXIT_NOT_RUNNING = 3
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 
@@ -31,6 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--port", type=port_or_zero, default=DEFAULT_PORT, help="PLAINTEXT port (0: pick a free one)"
     )
     _add_data_dir(start)
+    tls_options = (
+        ("--tls-certificate", "the broker's certificate (then any intermediates), PEM, valid for 127.0.0.1"),
+        ("--tls-key", "its private key, PEM, PKCS#8, unencrypted"),
+        ("--tls-client-ca", "CA certificates (PEM) the MTLS listener accepts client certificates of"),
+    )
+    for option, text in tls_options:
+        start.add_argument(
+            option, type=Path, default=None, metavar="FILE", help=f"{text} (TLS listeners: all three or none)"
+        )
     start.set_defaults(func=_broker_start)
 
     status = broker_commands.add_parser("status", help="exit 0 if running, 3 if not")
@@ -83,15 +100,48 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _broker_tls(args: argparse.Namespace) -> BrokerTls | None:
+    """The TLS listeners ``broker start`` was asked for (None: none); ValueError unless all three
+    files are given, or none."""
+    files = (args.tls_certificate, args.tls_key, args.tls_client_ca)
+    if all(file is None for file in files):
+        return None
+    if any(file is None for file in files):
+        raise ValueError("--tls-certificate, --tls-key and --tls-client-ca go together")
+    missing = [str(file) for file in files if not file.is_file()]
+    if missing:
+        raise ValueError(f"not a readable file: {', '.join(missing)}")
+    return BrokerTls(args.tls_certificate, args.tls_key, args.tls_client_ca)
+
+
+def _print_tls(addresses: TlsAddresses | None) -> None:
+    if addresses is not None:
+        print(f"tls:       {addresses.tls} (SSL)")
+        print(f"mtls:      {addresses.mtls} (SSL, client certificate required)")
+
+
 def _broker_start(args: argparse.Namespace) -> int:
-    broker = EmbeddedKafka(port=args.port, data_dir=args.data_dir)
+    try:
+        tls = _broker_tls(args)
+    except ValueError as exc:
+        print(f"straggler broker start: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    broker = EmbeddedKafka(port=args.port, data_dir=args.data_dir, tls=tls)
     try:
         bootstrap = broker.start()
     except BrokerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    if tls is not None and broker.tls_addresses() is None:
+        print(
+            f"error: the broker already running on {broker.data_dir} has no TLS listeners; "
+            "stop it first (straggler broker stop)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     reused = "" if broker.started_here else " (already running)"
     print(f"bootstrap: {bootstrap}{reused}")
+    _print_tls(broker.tls_addresses())
     print(f"log file:  {broker.log_file}")
     return EXIT_OK
 
@@ -102,6 +152,8 @@ def _broker_status(args: argparse.Namespace) -> int:
         print(f"not running (data dir {status.data_dir})")
         return EXIT_NOT_RUNNING
     print(f"running: pid {status.pid}, bootstrap {status.bootstrap}")
+    if status.tls is not None:
+        print(f"tls: {status.tls.tls}, mtls: {status.tls.mtls} (client certificate required)")
     print(f"log file: {status.log_file}")
     return EXIT_OK
 

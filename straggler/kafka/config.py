@@ -7,14 +7,18 @@ each config carries the process's TLS/SASL settings (`straggler.kafka.security`)
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka.admin import AdminClient
 
 from straggler.kafka.security import SecuritySettings, current_security, librdkafka_config
+from straggler.kafka.tls_errors import handshake_failure
 
 ClientConfig = dict[str, str | int | float | bool]
+ACCESS_POLL_S = 1.0
+"""How often ``check_access`` looks at librdkafka's errors while it waits for the metadata."""
 
 
 def _connection(bootstrap: str, security: SecuritySettings | None) -> ClientConfig:
@@ -102,6 +106,11 @@ class KafkaAccessError(RuntimeError):
     """The brokers could not be reached or refused this client's credentials."""
 
 
+class TlsHandshakeError(KafkaAccessError):
+    """A TLS handshake with a broker failed; the message names its address and the cause
+    (`straggler.kafka.tls_errors`)."""
+
+
 def access_error_message(bootstrap: str, security: SecuritySettings, errors: list[KafkaError]) -> str:
     """Why a client could not use the cluster, naming the cause a user can fix."""
     who = f"as {security.username!r} ({security.sasl_mechanism})" if security.uses_sasl else "without SASL"
@@ -120,14 +129,22 @@ def check_access(bootstrap: str, *, security: SecuritySettings | None = None, ti
 
     Why: a client with missing or wrong credentials otherwise retries forever in librdkafka (or
     fails much later with "transport failure"); the commands call this first to say why, at once.
+    A failed TLS handshake ends the wait as soon as librdkafka reports it (``TlsHandshakeError``).
     """
     settings = security or current_security()
     errors: list[KafkaError] = []
     config: dict[str, Any] = {**admin_config(bootstrap, security=settings), "log_level": 2}
     config["error_cb"] = errors.append
     admin = AdminClient(config)
-    try:
-        admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        admin.poll(0.5)  # serves error_cb: the authentication error, if that was the cause
-        raise KafkaAccessError(access_error_message(bootstrap, settings, errors)) from exc
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=max(0.1, min(ACCESS_POLL_S, deadline - time.monotonic())))
+            return
+        except KafkaException as exc:
+            admin.poll(0.2)  # serves error_cb: the authentication or TLS error, if that was the cause
+            tls_failure = handshake_failure(errors, bootstrap, settings)
+            if tls_failure is not None:
+                raise TlsHandshakeError(tls_failure) from exc
+            if time.monotonic() >= deadline:
+                raise KafkaAccessError(access_error_message(bootstrap, settings, errors)) from exc

@@ -2,8 +2,8 @@
 
 Why not a container: the project must run where no Docker engine exists, and its tests need a real
 broker. The jars are resolved once with ``mvn`` into the user cache; a broker is identified by its data
-directory, listens on 127.0.0.1 (PLAINTEXT, or SASL given a ``BrokerSecurity``) and outlives the
-process that started it until ``stop()``.
+directory, listens on 127.0.0.1 (PLAINTEXT, or SASL given a ``BrokerSecurity``; given a ``BrokerTls``
+also a TLS and a mutual-TLS listener) and outlives the process that started it until ``stop()``.
 
 The data directory and the rest: docs/architecture.md, "The embedded broker".
 """
@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +43,7 @@ STORAGE_TOOL_CLASS = "kafka.tools.StorageTool"
 
 _PID_FILE = "broker.pid"
 _PORT_FILE = "broker.port"
+_TLS_PORTS_FILE = "broker.tls-ports"
 _LOG_FILE = "broker.log"
 _SERVER_PROPERTIES = "server.properties"
 _LOG4J_PROPERTIES = "log4j.properties"
@@ -72,6 +73,8 @@ class BrokerStatus:
     bootstrap: str | None
     log_file: Path
     data_dir: Path
+    tls: TlsAddresses | None = None
+    """The ``TLS`` and ``MTLS`` listeners, when it was started with them."""
 
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -139,6 +142,51 @@ class BrokerSecurity:
             "sasl.username": "admin",
             "sasl.password": self.admin_password,
         }
+
+
+TLS_LISTENER = "TLS"
+MTLS_LISTENER = "MTLS"
+
+
+def _properties_value(text: str) -> str:
+    """``text`` as one ``server.properties`` value (Java's ``Properties`` reads ``\\n`` as a newline)."""
+    return text.strip().replace("\\", "\\\\").replace("\n", "\\n")
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """Two TLS client listeners beside the broker's own: ``TLS`` (clients check the broker's
+    certificate) and ``MTLS`` (the broker also requires a client certificate signed by ``client_ca``).
+
+    The files are PEM, read at every start and written into ``server.properties`` as Kafka's PEM
+    keystore (``ssl.keystore.type=PEM``), so no JKS store or keytool is needed: ``certificate_chain``
+    holds the broker's certificate (then any intermediates) for 127.0.0.1, ``private_key`` its
+    unencrypted PKCS#8 key, ``client_ca`` the CA certificates trusted for client certificates.
+    """
+
+    certificate_chain: Path
+    private_key: Path
+    client_ca: Path
+
+    def listener_properties(self) -> dict[str, str]:
+        """The ``server.properties`` lines of the PEM keystore, and of the client check on ``MTLS``."""
+        mtls = f"listener.name.{MTLS_LISTENER.lower()}"
+        return {
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.certificate.chain": _properties_value(Path(self.certificate_chain).read_text()),
+            "ssl.keystore.key": _properties_value(Path(self.private_key).read_text()),
+            f"{mtls}.ssl.client.auth": "required",
+            f"{mtls}.ssl.truststore.type": "PEM",
+            f"{mtls}.ssl.truststore.certificates": _properties_value(Path(self.client_ca).read_text()),
+        }
+
+
+@dataclass(frozen=True)
+class TlsAddresses:
+    """The bootstrap addresses of a broker's ``TLS`` and ``MTLS`` listeners."""
+
+    tls: str
+    mtls: str
 
 
 def user_cache_dir() -> Path:
@@ -281,6 +329,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by this user only (``server.properties`` holds SASL passwords and the
+    TLS listeners' private key)."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+        handle.write(text)
+
+
+def _other_free_ports(taken: int, count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1, none of them ``taken``."""
+    ports: list[int] = []
+    while len(ports) < count:
+        candidate = free_port()
+        if candidate != taken and candidate not in ports:
+            ports.append(candidate)
+    return ports
+
+
 def _port_accepts(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
@@ -350,9 +416,11 @@ class EmbeddedKafka:
         stop_timeout: float = STOP_TIMEOUT_S,
         die_with_parent: bool = False,
         security: BrokerSecurity | None = None,
+        tls: BrokerTls | None = None,
     ) -> None:
         self.port = port
         self.security = security
+        self.tls = tls
         self.data_dir = (
             (Path(data_dir) if data_dir is not None else default_data_dir()).expanduser().resolve()
         )
@@ -377,6 +445,18 @@ class EmbeddedKafka:
     @property
     def port_file(self) -> Path:
         return self.data_dir / _PORT_FILE
+
+    @property
+    def tls_ports_file(self) -> Path:
+        return self.data_dir / _TLS_PORTS_FILE
+
+    def tls_addresses(self) -> TlsAddresses | None:
+        """Where the running broker's TLS listeners are (None: it has none, or it is not running)."""
+        try:
+            tls, mtls = (int(word) for word in self.tls_ports_file.read_text().split())
+        except (OSError, ValueError):
+            return None
+        return TlsAddresses(f"127.0.0.1:{tls}", f"127.0.0.1:{mtls}")
 
     def _running_pid(self) -> int | None:
         """The pid from the pid file if that process is alive and is this data dir's broker."""
@@ -407,6 +487,7 @@ class EmbeddedKafka:
             bootstrap=self._recorded_bootstrap() if pid is not None else None,
             log_file=self.log_file,
             data_dir=self.data_dir,
+            tls=self.tls_addresses() if pid is not None else None,
         )
 
     def start(self) -> str:
@@ -427,16 +508,16 @@ class EmbeddedKafka:
                     f"port {port} on 127.0.0.1 is already in use by another process; "
                     "choose another port (0 picks a free one)"
                 )
-            controller_port = free_port()
-            while controller_port == port:
-                controller_port = free_port()
-            self._write_configs(port, controller_port)
+            controller_port, *tls_ports = _other_free_ports(port, 3 if self.tls is not None else 1)
+            self._write_configs(port, controller_port, tls_ports)
             self._format_storage(java, libs)
             self._launch(java, libs)
             assert self._process is not None
             self.started_here = True
             bootstrap = f"127.0.0.1:{port}"
             self.port_file.write_text(f"{port}\n")
+            if tls_ports:
+                self.tls_ports_file.write_text(" ".join(map(str, tls_ports)) + "\n")
             self.pid_file.write_text(f"{self._process.pid}\n")
             try:
                 self._wait_ready(bootstrap, self._process.pid)
@@ -478,22 +559,29 @@ class EmbeddedKafka:
         return False
 
     def _remove_state_files(self) -> None:
-        for path in (self.pid_file, self.port_file):
+        for path in (self.pid_file, self.port_file, self.tls_ports_file):
             path.unlink(missing_ok=True)
 
-    def _write_configs(self, port: int, controller_port: int) -> None:
+    def _write_configs(self, port: int, controller_port: int, tls_ports: Sequence[int] = ()) -> None:
+        """``tls_ports``: the ``TLS`` and ``MTLS`` listeners' ports when ``self.tls`` is set, else none."""
         log_dirs = self.data_dir / _LOG_DIRS
         listener = "PLAINTEXT" if self.security is None else "SASL_PLAINTEXT"
+        clients = {listener: port, **dict(zip((TLS_LISTENER, MTLS_LISTENER), tls_ports, strict=False))}
+        advertised = ",".join(f"{name}://127.0.0.1:{number}" for name, number in clients.items())
+        protocols = {listener: listener, **{name: "SSL" for name in clients if name != listener}}
         properties = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-            "listeners": f"{listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            "advertised.listeners": f"{listener}://127.0.0.1:{port}",
+            "listeners": f"{advertised},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": advertised,
             "inter.broker.listener.name": listener,
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
+            "listener.security.protocol.map": ",".join(
+                f"{name}:{protocol}" for name, protocol in {"CONTROLLER": "PLAINTEXT", **protocols}.items()
+            ),
             **(self.security.listener_properties() if self.security is not None else {}),
+            **(self.tls.listener_properties() if self.tls is not None else {}),
             "log.dirs": str(log_dirs),
             # Topics are declared explicitly (straggler.kafka.topics); Faust declares its internal
             # topics (changelogs, leader topic) itself through CreateTopics, so nothing relies on this.
@@ -513,8 +601,9 @@ class EmbeddedKafka:
             "log.retention.check.interval.ms": "300000",
         }
         text = "".join(f"{key}={value}\n" for key, value in properties.items())
-        (self.data_dir / _SERVER_PROPERTIES).write_text(
-            "# Written by straggler.kafka.embedded at every start; edits are overwritten.\n" + text
+        _write_private(
+            self.data_dir / _SERVER_PROPERTIES,
+            "# Written by straggler.kafka.embedded at every start; edits are overwritten.\n" + text,
         )
         log4j = {
             "log4j.rootLogger": "INFO, file",
@@ -621,6 +710,25 @@ class EmbeddedKafka:
 
 
 @contextlib.contextmanager
+def _started_broker(
+    port: int, data_dir: Path | None, security: BrokerSecurity | None, tls: BrokerTls | None
+) -> Iterator[tuple[EmbeddedKafka, str]]:
+    """A started broker and its bootstrap address for a ``with`` block (see ``embedded_kafka``)."""
+    temporary = data_dir is None
+    directory = Path(tempfile.mkdtemp(prefix="straggler-kafka-")) if data_dir is None else data_dir
+    broker = EmbeddedKafka(port=port, data_dir=directory, die_with_parent=True, security=security, tls=tls)
+    try:
+        yield broker, broker.start()
+    finally:
+        try:
+            if broker.started_here:
+                broker.stop()
+        finally:
+            if temporary:
+                shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def embedded_kafka(
     port: int = 0, data_dir: Path | None = None, security: BrokerSecurity | None = None
 ) -> Iterator[str]:
@@ -629,15 +737,16 @@ def embedded_kafka(
     Without ``data_dir`` it runs on a fresh temporary directory that is removed afterwards. A broker
     that was already running on a given ``data_dir`` is reused and left running.
     """
-    temporary = data_dir is None
-    directory = Path(tempfile.mkdtemp(prefix="straggler-kafka-")) if data_dir is None else data_dir
-    broker = EmbeddedKafka(port=port, data_dir=directory, die_with_parent=True, security=security)
-    try:
-        yield broker.start()
-    finally:
-        try:
-            if broker.started_here:
-                broker.stop()
-        finally:
-            if temporary:
-                shutil.rmtree(directory, ignore_errors=True)
+    with _started_broker(port, data_dir, security, None) as (_, bootstrap):
+        yield bootstrap
+
+
+@contextlib.contextmanager
+def embedded_tls_kafka(tls: BrokerTls, data_dir: Path | None = None) -> Iterator[TlsAddresses]:
+    """A broker with the ``TLS`` and ``MTLS`` listeners of ``tls`` for a ``with`` block, yielding
+    their addresses (its PLAINTEXT listener, on a free port, serves only itself)."""
+    with _started_broker(0, data_dir, None, tls) as (broker, _):
+        addresses = broker.tls_addresses()
+        if addresses is None:  # a broker found running on data_dir was started without TLS
+            raise BrokerStartError(f"the broker running on {broker.data_dir} has no TLS listeners")
+        yield addresses
