@@ -5,7 +5,9 @@
 sent); reports leave as ``task_batch`` records per job, at most ``linger`` seconds late, keyed by job
 id with murmur2 (sooner once ``max_batch`` are waiting, and at `flush`, `end_job`, `close`). Delivery is
 asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises `DeliveryError`
-carrying every failed delivery.
+carrying every failed delivery. `start_job` and `end_job` wait for it, at most ``delivery_timeout``
+seconds, and raise `BrokerUnreachable` (naming the address) when it did not come; `report` raises it
+too, at once, when records sent before it have waited that long without a delivery.
 
 Example: README.md ("Live telemetry"); the records: docs/stream-protocol.md.
 """
@@ -15,20 +17,24 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 from types import TracebackType
 from typing import Any, Self, SupportsFloat, SupportsIndex
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 
 from schemas import Event, JobEvent, TaskCheckpoint, encode, task_batches
 from schemas.events import TaskStatus
 from straggler.kafka.config import DeliveryCounter, DeliveryError, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
+from straggler.kafka.reachability import BrokerUnreachable, failure_cause, quiet_librdkafka_logger
 
 DEFAULT_FLUSH_SECONDS = 30.0
+DEFAULT_DELIVERY_TIMEOUT_S = 15.0
+"""Longest `start_job` and `end_job` wait for their records' delivery before they raise."""
 DEFAULT_LINGER_SECONDS = 0.5
 """Longest a report waits in the SDK for others of its job before its batch is sent."""
 DEFAULT_MAX_BATCH = 1000
@@ -41,7 +47,8 @@ class TelemetryProducer:
     ``source`` is written into every task checkpoint, so consumers can tell producers apart.
     Times (``at``, ``start_time``) are seconds on one clock shared by the whole cluster; by default
     ``time.time()``. ``linger`` and ``max_batch`` bound how long and how many reports of a job wait to
-    be sent together.
+    be sent together; ``delivery_timeout`` how long a record may wait for its delivery before the
+    broker counts as unreachable (`BrokerUnreachable`).
     """
 
     def __init__(
@@ -52,15 +59,28 @@ class TelemetryProducer:
         source: str = "sdk",
         linger: float = DEFAULT_LINGER_SECONDS,
         max_batch: int = DEFAULT_MAX_BATCH,
+        delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT_S,
     ) -> None:
-        if not linger > 0 or max_batch < 1:
-            raise ValueError(f"linger must be > 0 and max_batch >= 1, got {linger}, {max_batch}")
-        config = dict(producer_config(bootstrap))
+        if not linger > 0 or max_batch < 1 or not delivery_timeout > 0:
+            raise ValueError(
+                "linger and delivery_timeout must be > 0 and max_batch >= 1, "
+                f"got {linger}, {delivery_timeout}, {max_batch}"
+            )
+        config: dict[str, Any] = dict(producer_config(bootstrap))
         config.setdefault("partitioner", "murmur2_random")
+        config["error_cb"] = self._note_error  # the cause, when the broker cannot be reached
+        config["logger"] = quiet_librdkafka_logger()  # its connection failures: a line, not a flood
+        self.bootstrap = bootstrap
         self.topics = topics
         self.source = source
+        self.delivery_timeout = delivery_timeout
+        self._connection_errors: deque[str] = deque(maxlen=20)
         self._producer = Producer(config)
         self._deliveries = DeliveryCounter()
+        self._settled = 0
+        """Deliveries (successful or failed) counted at the last look (`_raise_if_stalled`)."""
+        self._stalled_since: float | None = None
+        """Since when records have waited without any delivery (None: none waits, or one came)."""
         self._errors_raised = 0
         self._closed = False
         self.linger = linger
@@ -88,7 +108,8 @@ class TelemetryProducer:
         takes the names of the job's first report, so a feature missing from that report is never used.
         Live jobs send no checkpoint boundaries: the agent evaluates them on its timer.
         Waits until the announcement is delivered, so it is on the broker before any of the job's
-        task reports (they go to another topic, with no ordering between topics otherwise).
+        task reports (they go to another topic, with no ordering between topics otherwise); raises
+        `BrokerUnreachable` when it is not within ``delivery_timeout`` seconds.
         """
         event = JobEvent(
             job_id=job_id,
@@ -97,8 +118,9 @@ class TelemetryProducer:
             expected_tasks=_int_or_value(expected_tasks),
             feature_names=None if feature_names is None else list(feature_names),
         )
+        self._raise_if_stalled()
         self._send(self.topics.job_events, job_id, event)
-        self.flush()
+        self._wait_delivered()
 
     def report(
         self,
@@ -120,7 +142,8 @@ class TelemetryProducer:
         have started at its first report through this producer (pass it when the task started earlier).
         A ``finished`` report needs ``latency`` (seconds from start to finish, >= 0); other statuses
         must not carry one. ``attempt`` counts the task's runs from 0, so a relaunched copy is attempt
-        1. Raises `schemas.SchemaError` (and sends nothing) for an invalid report.
+        1. Raises `schemas.SchemaError` (and sends nothing) for an invalid report, `BrokerUnreachable`
+        when records sent before have waited ``delivery_timeout`` seconds without any delivery.
         """
         now = _now(at)
         attempt_no = _int_or_value(attempt)
@@ -144,6 +167,7 @@ class TelemetryProducer:
         encode(event)  # validates now: a bad report raises here, not when its batch is sent
         if self._closed:
             raise RuntimeError("TelemetryProducer is closed")
+        self._raise_if_stalled()
         with self._lock:
             _, reports = self._waiting.setdefault(job_id, (time.monotonic(), []))
             reports.append(event)
@@ -152,10 +176,14 @@ class TelemetryProducer:
             self._send_batch(job_id)
 
     def end_job(self, job_id: str, *, at: float | None = None) -> None:
-        """Tell the pipeline the job is over, so its state can be dropped (its waiting reports go first)."""
+        """Tell the pipeline the job is over, so its state can be dropped (its waiting reports go first).
+        Waits until they are delivered; raises `BrokerUnreachable` when they are not within
+        ``delivery_timeout`` seconds."""
+        self._raise_if_stalled()
         self._first_report = {k: v for k, v in self._first_report.items() if k[0] != job_id}
         self._send_batch(job_id)
         self._send(self.topics.job_events, job_id, JobEvent(job_id=job_id, event="ended", time=_now(at)))
+        self._wait_delivered()
 
     def flush(self, timeout: float = DEFAULT_FLUSH_SECONDS) -> int:
         """Wait up to ``timeout`` seconds for every report to be delivered; return how many are still
@@ -175,16 +203,19 @@ class TelemetryProducer:
         """Records the broker has acknowledged so far."""
         return self._deliveries.delivered
 
-    def close(self, timeout: float = DEFAULT_FLUSH_SECONDS) -> None:
-        """Flush (raising on failed or undelivered records); the producer cannot be used afterwards."""
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, at most ``timeout`` seconds (default ``delivery_timeout``; none when a call has
+        already found the broker unreachable and nothing was delivered since), raising on failed or
+        undelivered records (`BrokerUnreachable`); the producer cannot be used afterwards."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         self._lingerer.join()
-        remaining = self.flush(timeout)
-        if remaining:
-            raise RuntimeError(f"{remaining} telemetry record(s) still undelivered after {timeout:g} s")
+        known_down = self._stalled_since is not None and self._settled == self._settled_now()
+        wait = 0.0 if known_down else self.delivery_timeout if timeout is None else timeout
+        if self.flush(wait):
+            raise self._unreachable()
 
     def __enter__(self) -> Self:
         return self
@@ -200,6 +231,39 @@ class TelemetryProducer:
             return
         with contextlib.suppress(Exception):  # deliver what was reported; keep the block's own error
             self.close()
+
+    def _wait_delivered(self) -> None:
+        """Wait up to ``delivery_timeout`` seconds until every record sent so far is delivered; raise
+        `BrokerUnreachable` when some is not."""
+        if self.flush(self.delivery_timeout):
+            self._stalled_since = time.monotonic() - self.delivery_timeout
+            self._settled = self._settled_now()
+            raise self._unreachable()
+
+    def _raise_if_stalled(self) -> None:
+        """Raise `BrokerUnreachable` when records have waited ``delivery_timeout`` seconds, as far as
+        these looks can tell, without any delivery (successful or failed) meanwhile."""
+        self._producer.poll(0)
+        settled, now = self._settled_now(), time.monotonic()
+        if settled != self._settled or len(self._producer) == 0:
+            self._settled, self._stalled_since = settled, None
+        elif self._stalled_since is None:
+            self._stalled_since = now
+        elif now - self._stalled_since >= self.delivery_timeout:
+            raise self._unreachable()
+
+    def _settled_now(self) -> int:
+        return self._deliveries.delivered + self._deliveries.failed
+
+    def _unreachable(self) -> BrokerUnreachable:
+        return BrokerUnreachable(
+            self.bootstrap, failure_cause(self._connection_errors), self.delivery_timeout
+        )
+
+    def _note_error(self, error: KafkaError) -> None:
+        """librdkafka's client-level errors (``error_cb``): kept for the cause, not logged."""
+        if error.code() != KafkaError._ALL_BROKERS_DOWN:
+            self._connection_errors.append(error.str())
 
     def _send(self, topic: str, job_id: str, event: Event) -> None:
         if self._closed:

@@ -21,6 +21,9 @@ import pytest
 from test_cli_commands import ROOT, straggler
 from test_reachability import unused_address
 
+from producers.telemetry import TelemetryProducer
+from straggler.kafka.reachability import BrokerUnreachable
+
 BOUND_S = 3.0
 """The ``--broker-timeout`` the commands get here."""
 STARTUP_S = 10.0
@@ -95,6 +98,40 @@ def test_the_mitigator_waits_quietly_and_stops_within_10_s_of_sigterm(watchdog: 
     assert len(waiting) == 1 and address in waiting[0] and "connection refused" in waiting[0], said
     assert len(said) <= 3, said  # its start-up line, the waiting line, its counts
     assert said[-1].startswith('{"consumed": 0'), said
+
+
+def test_the_sdk_raises_at_the_call_that_could_not_deliver(capfd: pytest.CaptureFixture[str]) -> None:
+    address = unused_address()
+    started = time.monotonic()
+    telemetry = TelemetryProducer(address, delivery_timeout=1.5)
+    with pytest.raises(
+        BrokerUnreachable, match=f"no Kafka broker answers at {address} \\(connection refused\\)"
+    ):
+        telemetry.start_job("job-1", 4)
+    assert 1.5 <= time.monotonic() - started < 5.0, "start_job waited its bound, no longer"
+    again = time.monotonic()
+    with pytest.raises(BrokerUnreachable):
+        telemetry.report("job-1", "task-1", {"cpu": 0.5})
+    with pytest.raises(BrokerUnreachable):
+        telemetry.end_job("job-1")
+    with pytest.raises(BrokerUnreachable):
+        telemetry.close()
+    assert time.monotonic() - again < 1.0, "the broker known unreachable: at once"
+    out, err = capfd.readouterr()
+    assert len((out + err).splitlines()) <= 3, out + err
+
+
+def test_the_sdk_reports_a_broker_that_stopped_answering_at_the_next_report() -> None:
+    """Records that wait ``delivery_timeout`` without a delivery make `report` raise, without blocking."""
+    telemetry = TelemetryProducer(unused_address(), delivery_timeout=1.0, linger=0.05)
+    telemetry.report("job-1", "task-1", {"cpu": 0.5})  # sent by the linger thread; never delivered
+    deadline = time.monotonic() + 10.0
+    with pytest.raises(BrokerUnreachable):  # the loop is the wait
+        while time.monotonic() < deadline:
+            telemetry.report("job-1", "task-1", {"cpu": 0.5})
+            time.sleep(0.2)
+    with pytest.raises(BrokerUnreachable):
+        telemetry.close()
 
 
 def test_the_views_reader_waits_for_the_broker_instead_of_dying(caplog: pytest.LogCaptureFixture) -> None:
