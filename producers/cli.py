@@ -62,11 +62,11 @@ def _produce(args: argparse.Namespace) -> int:
     from straggler.kafka.cli import default_bootstrap
     from straggler.kafka.names import TopicNames
 
+    bootstrap = args.bootstrap or default_bootstrap()
+    wait_for_broker(bootstrap, args.broker_timeout)  # before the trace, which may take minutes to load
     traces = traces_for_command(args, progress=not args.quiet)
     if traces is None:
         return EXIT_FAILED
-    bootstrap = args.bootstrap or default_bootstrap()
-    wait_for_broker(bootstrap, args.broker_timeout)
     replayer = TraceReplayer(
         traces,
         bootstrap,

@@ -178,11 +178,11 @@ def _replay(args: argparse.Namespace) -> int:
 
     from straggler.replay import run_replay
 
+    if args.bootstrap is not None:
+        wait_for_broker(args.bootstrap, args.broker_timeout)  # before the trace, which may take minutes
     traces = traces_for_command(args)
     if traces is None:
         return 1
-    if args.bootstrap is not None:
-        wait_for_broker(args.bootstrap, args.broker_timeout)
     interval = float(min(np.diff(t.checkpoints).min() if len(t.checkpoints) > 1 else 300.0 for t in traces))
     try:
         run_replay(
