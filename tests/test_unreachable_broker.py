@@ -39,6 +39,17 @@ COMMANDS = {
     "produce": ["produce", "--format", "synthetic", "--jobs", "2", "--quiet"],
     "replay --bootstrap": ["replay", "--format", "synthetic", "--jobs", "2", "--out", "OUT"],
     "smoke --bootstrap": ["smoke"],
+    "train --bootstrap": [
+        "train",
+        "--format",
+        "synthetic",
+        "--jobs",
+        "2",
+        "--method",
+        "admm",
+        "--out",
+        "OUT",
+    ],
 }
 
 
