@@ -155,14 +155,15 @@ class MitigationConsumer:
         if not wait_for_broker(self.bootstrap, None, stop=stop, beat=self._beat, on_wait=self._say_waiting):
             return self._stats  # stopped before a broker answered; else init_transactions would block
         # a broker gone: its connection failures once every few minutes, not several a second
-        consumer = Consumer({**self._consumer_config(), "logger": quiet_librdkafka_logger()})
+        quiet = {"logger": quiet_librdkafka_logger()}
+        consumer = Consumer({**self._consumer_config(), **quiet})
         stop_serving = (
             None
             if self.metrics_port is None
             else serve(self.metrics.registry, self.metrics_port, self.metrics_host)
         )
         try:
-            producer = Producer(self._producer_config())
+            producer = Producer({**self._producer_config(), **quiet})
             producer.init_transactions()  # fences an older instance and aborts what it left open
             consumer.subscribe(self.inputs, on_assign=self._on_assign)
             self._assigned = False
@@ -175,6 +176,7 @@ class MitigationConsumer:
                     if budget <= 0:
                         break
                 records = self._consume(consumer, budget)
+                producer.poll(0)  # hands its log lines to the quiet logger (there are no delivery callbacks)
                 self.metrics.sample_lag(consumer)
                 if records:
                     self._last_input = time.monotonic()

@@ -50,8 +50,9 @@ CAUSES = (
 """Text of a librdkafka connection error (lower case) -> what `BrokerUnreachable` calls its cause."""
 _ORIGIN = re.compile(r"^\S+/(?:bootstrap|\d+): ")
 """librdkafka's prefix of a broker's error (``host:port/bootstrap: ``)."""
-_WHEN = re.compile(r" \(after \d+ms in state \w+\)")
-"""librdkafka's suffix saying when in the connection the error came; it differs at every attempt."""
+_WHEN = re.compile(r" \(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\)")
+"""librdkafka's suffix saying when in the connection the error came, and how many repeats it left out
+(it logs a repeated error at most every 30 s); it differs at every attempt."""
 LIBRDKAFKA_LOGGER = "straggler.kafka.librdkafka"
 """The Python logger librdkafka's lines go through in the clients given `quiet_librdkafka_logger`."""
 CONNECTION_FACILITIES = ("FAIL", "ERROR")
