@@ -84,10 +84,9 @@ class TopicReader:
         return out
 
     def _run(self) -> None:
-        config = dict(consumer_config(self.bootstrap, f"straggler-view-{uuid.uuid4().hex[:8]}"))
-        consumer = Consumer(
-            {**config, "logger": quiet_librdkafka_logger()}
-        )  # a broker gone: a line, not a flood
+        group = f"straggler-view-{uuid.uuid4().hex[:8]}"
+        # a broker gone: its connection failures once every few minutes, not several a second
+        consumer = Consumer({**consumer_config(self.bootstrap, group), "logger": quiet_librdkafka_logger()})
         try:
             if not self._assign(consumer):
                 return
