@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from types import FrameType
 
@@ -17,6 +18,7 @@ from confluent_kafka import KafkaException
 from straggler.argtypes import bootstrap_servers, policy, positive_float, positive_int, topic_prefix
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
+from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
@@ -72,13 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run the consumer in this process, without the supervisor that restarts it when stuck",
     )
+    add_broker_timeout_argument(p, waits=True)
     add_metrics_arguments(p)
     add_kafka_config_argument(p)
     p.set_defaults(func=_mitigate)
 
 
 def _mitigate(args: argparse.Namespace) -> int:
-    from consumers.mitigation import MitigationConsumer
+    from consumers.mitigation import MitigationConsumer, MitigationStats
 
     log.info(
         "mitigator: broker %s, topics %s*, group %s, policy %s, checkpoint every %g s, %s, metrics %s",
@@ -116,7 +119,9 @@ def _mitigate(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
         previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        if args.no_watchdog:
+        if not wait_for_broker(args.bootstrap, args.broker_timeout, stop=stop, on_wait=_say_waiting(args)):
+            stats, restarts = MitigationStats(), 0  # stopped before a broker answered
+        elif args.no_watchdog:
             stats = consumer.run(stop=stop, idle_timeout=args.idle_timeout)
             restarts = 0
         else:
@@ -141,3 +146,19 @@ def _mitigate(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     print(json.dumps({**asdict(stats), "watchdog_restarts": restarts}))
     return EXIT_OK
+
+
+def _say_waiting(args: argparse.Namespace) -> Callable[[str], None] | None:
+    """What the mitigator says, once, while it waits for its broker without a bound (None: with a
+    bound it says nothing until it gives up, in one line)."""
+    if args.broker_timeout is not None:
+        return None
+
+    def say(cause: str) -> None:
+        log.warning(
+            "no Kafka broker answers at %s (%s); waiting for one (SIGTERM or Ctrl-C stops the mitigator)",
+            args.bootstrap,
+            cause,
+        )
+
+    return say

@@ -22,13 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from consumers.liveview_state import DEFAULT_LIMIT, LiveViewState
 from schemas import SchemaError, decode_each
 from straggler.argtypes import bootstrap_servers, non_negative_int, port, topic_prefix
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.reachability import (
+    add_broker_timeout_argument,
+    failure_cause,
+    quiet_librdkafka_logger,
+    wait_for_broker,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +84,9 @@ class TopicReader:
         return out
 
     def _run(self) -> None:
-        consumer = Consumer(dict(consumer_config(self.bootstrap, f"straggler-view-{uuid.uuid4().hex[:8]}")))
+        group = f"straggler-view-{uuid.uuid4().hex[:8]}"
+        # a broker gone: its connection failures once every few minutes, not several a second
+        consumer = Consumer({**consumer_config(self.bootstrap, group), "logger": quiet_librdkafka_logger()})
         try:
             if not self._assign(consumer):
                 return
@@ -97,9 +105,22 @@ class TopicReader:
             consumer.close()
 
     def _assign(self, consumer: Consumer) -> bool:
-        """Wait until every topic exists, then read all their partitions from the beginning."""
+        """Wait until every topic exists, then read all their partitions from the beginning (while the
+        broker does not answer too: the page keeps serving what it has, the reader says so once)."""
+        silent = False
         while not self._stop.is_set():
-            listed = consumer.list_topics(timeout=10.0).topics
+            try:
+                listed = consumer.list_topics(timeout=10.0).topics
+            except KafkaException as exc:
+                if not silent:
+                    log.warning(
+                        "no answer from the broker at %s (%s); retrying",
+                        self.bootstrap,
+                        failure_cause([str(exc.args[0])]),
+                    )
+                    silent = True
+                self._stop.wait(TOPIC_RETRY_S)
+                continue
             missing = [t for t in self.topics.all() if t not in listed or not listed[t].partitions]
             if not missing:
                 consumer.assign(
@@ -186,10 +207,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=200,
         help="ended jobs shown in detail (older ones: totals only)",
     )
+    add_broker_timeout_argument(p)
     p.set_defaults(func=_view)
 
 
 def _view(args: argparse.Namespace) -> int:
+    wait_for_broker(args.bootstrap, args.broker_timeout)  # else the page would serve an empty view
     reader = TopicReader(args.bootstrap, TopicNames(args.topic_prefix), LiveViewState(args.keep_ended))
     reader.start()
     try:

@@ -36,6 +36,7 @@ from straggler.kafka.config import ClientConfig, consumer_config, producer_confi
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
+from straggler.kafka.reachability import quiet_librdkafka_logger, wait_for_broker
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
 
 log = logging.getLogger(__name__)
@@ -145,18 +146,24 @@ class MitigationConsumer:
         ``idle_timeout`` says: after a crash the group holds the partitions until the dead member's
         session expires, and that is not an idle input.
 
+        It first waits, quietly and without a bound, for a broker to answer (saying so once; ``stop``
+        ends the wait): a transactional producer's ``init_transactions`` would block unstoppably.
         Returns between transactions, so nothing is left open. Fatal Kafka errors (e.g. fenced by a newer
         instance with the same transactional id) raise `KafkaException`.
         """
         self._stats = MitigationStats()
-        consumer = Consumer(self._consumer_config())
+        if not wait_for_broker(self.bootstrap, None, stop=stop, beat=self._beat, on_wait=self._say_waiting):
+            return self._stats  # stopped before a broker answered; else init_transactions would block
+        # a broker gone: its connection failures once every few minutes, not several a second
+        quiet = {"logger": quiet_librdkafka_logger()}
+        consumer = Consumer({**self._consumer_config(), **quiet})
         stop_serving = (
             None
             if self.metrics_port is None
             else serve(self.metrics.registry, self.metrics_port, self.metrics_host)
         )
         try:
-            producer = Producer(self._producer_config())
+            producer = Producer({**self._producer_config(), **quiet})
             producer.init_transactions()  # fences an older instance and aborts what it left open
             consumer.subscribe(self.inputs, on_assign=self._on_assign)
             self._assigned = False
@@ -169,6 +176,7 @@ class MitigationConsumer:
                     if budget <= 0:
                         break
                 records = self._consume(consumer, budget)
+                producer.poll(0)  # hands its log lines to the quiet logger (there are no delivery callbacks)
                 self.metrics.sample_lag(consumer)
                 if records:
                     self._last_input = time.monotonic()
@@ -193,6 +201,9 @@ class MitigationConsumer:
         if described is None or described.error is not None or not described.partitions:
             raise KafkaException(f"cannot describe input topic {topic!r}")
         return len(described.partitions)
+
+    def _say_waiting(self, cause: str) -> None:
+        log.warning("no Kafka broker answers at %s (%s); waiting for one", self.bootstrap, cause)
 
     def _beat(self) -> None:
         if self.heartbeat is not None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from dataclasses import dataclass
 
 from producers.telemetry import TelemetryProducer
 from straggler.kafka.names import TopicNames
+from straggler.kafka.reachability import BrokerUnreachable, wait_for_broker
 from straggler.kafka.topics import create_topics
 
 TICK_SECONDS = 1.0
@@ -66,6 +68,11 @@ def main() -> int:
     args = parser.parse_args()
 
     topics = TopicNames(args.topic_prefix)
+    try:
+        wait_for_broker(args.bootstrap)  # at most 15 s, in one line, instead of librdkafka's retries
+    except BrokerUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     create_topics(args.bootstrap, prefix=args.topic_prefix)  # leaves existing topics alone
     rng = random.Random(args.seed)
     begin = time.time()

@@ -25,6 +25,7 @@ from straggler.argtypes import (
     topic_prefix,
 )
 from straggler.core.registry import online_method_names
+from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def _worker(args: argparse.Namespace) -> int:
+    wait_for_broker(args.bootstrap, args.broker_timeout)  # before Faust and its clients, which retry for ever
     from pipeline.app import Worker, create_changelog_topics
     from pipeline.settings import WorkerSettings
     from straggler.kafka.names import TopicNames
@@ -164,5 +166,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="warning",
         help="Faust's log level (the worker's own lines: info, or debug with -v)",
     )
+    add_broker_timeout_argument(p)
     add_kafka_config_argument(p)
     p.set_defaults(func=_worker)

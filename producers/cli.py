@@ -9,6 +9,7 @@ import sys
 import orjson
 
 from straggler.argtypes import bootstrap_servers, non_negative_float, positive_float, topic_prefix
+from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.traces.loading import add_trace_arguments, traces_for_command
 
@@ -49,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--wait-timeout", type=positive_float, default=120.0, help="closed loop: seconds to wait per instant"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_broker_timeout_argument(p)
     add_kafka_config_argument(p)
     p.set_defaults(func=_produce)
 
@@ -60,12 +62,14 @@ def _produce(args: argparse.Namespace) -> int:
     from straggler.kafka.cli import default_bootstrap
     from straggler.kafka.names import TopicNames
 
+    bootstrap = args.bootstrap or default_bootstrap()
+    wait_for_broker(bootstrap, args.broker_timeout)  # before the trace, which may take minutes to load
     traces = traces_for_command(args, progress=not args.quiet)
     if traces is None:
         return EXIT_FAILED
     replayer = TraceReplayer(
         traces,
-        args.bootstrap or default_bootstrap(),
+        bootstrap,
         topics=TopicNames(args.topic_prefix),
         speed=args.speed,
         closed_loop=args.closed_loop,

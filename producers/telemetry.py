@@ -5,9 +5,12 @@
 sent); reports leave as ``task_batch`` records per job, at most ``linger`` seconds late, keyed by job
 id with murmur2 (sooner once ``max_batch`` are waiting, and at `flush`, `end_job`, `close`). Delivery is
 asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises `DeliveryError`
-carrying every failed delivery. A failed TLS handshake with the brokers (a wrong CA, an expired or
-missing certificate) raises `TlsHandshakeError` naming the address and the cause from the next call
-(`start_job` within about a second), instead of retrying until the records time out.
+carrying every failed delivery. `start_job` and `end_job` wait for it, at most ``delivery_timeout``
+seconds, and raise `BrokerUnreachable` (naming the address) when it did not come; `report` raises it
+too, at once, when records sent before it have waited that long without a delivery. A failed TLS
+handshake with the brokers (a wrong CA, an expired or missing certificate) raises `TlsHandshakeError`
+naming the address and the cause from the next call (`start_job` within about a second), instead of
+retrying until the records time out.
 
 Example: README.md ("Live telemetry"); the records: docs/stream-protocol.md.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
 from types import TracebackType
@@ -29,16 +33,19 @@ from schemas.events import TaskStatus
 from straggler.kafka.config import DeliveryCounter, DeliveryError, TlsHandshakeError, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
+from straggler.kafka.reachability import BrokerUnreachable, failure_cause, quiet_librdkafka_logger
 from straggler.kafka.security import current_security
 from straggler.kafka.tls_errors import handshake_failure
 
 DEFAULT_FLUSH_SECONDS = 30.0
+FLUSH_SLICE_SECONDS = 0.5
+"""`flush` waits in slices this long, looking for a failed TLS handshake between them."""
+DEFAULT_DELIVERY_TIMEOUT_S = 15.0
+"""Longest `start_job` and `end_job` wait for their records' delivery before they raise."""
 DEFAULT_LINGER_SECONDS = 0.5
 """Longest a report waits in the SDK for others of its job before its batch is sent."""
 DEFAULT_MAX_BATCH = 1000
 """A job's batch is sent as soon as this many reports wait (records are cut within 64 KiB anyway)."""
-FLUSH_SLICE_SECONDS = 0.5
-"""`flush` waits in slices this long, looking for a failed TLS handshake between them."""
 
 
 class TelemetryProducer:
@@ -47,7 +54,8 @@ class TelemetryProducer:
     ``source`` is written into every task checkpoint, so consumers can tell producers apart.
     Times (``at``, ``start_time``) are seconds on one clock shared by the whole cluster; by default
     ``time.time()``. ``linger`` and ``max_batch`` bound how long and how many reports of a job wait to
-    be sent together.
+    be sent together; ``delivery_timeout`` how long a record may wait for its delivery before the
+    broker counts as unreachable (`BrokerUnreachable`).
     """
 
     def __init__(
@@ -58,19 +66,32 @@ class TelemetryProducer:
         source: str = "sdk",
         linger: float = DEFAULT_LINGER_SECONDS,
         max_batch: int = DEFAULT_MAX_BATCH,
+        delivery_timeout: float = DEFAULT_DELIVERY_TIMEOUT_S,
     ) -> None:
-        if not linger > 0 or max_batch < 1:
-            raise ValueError(f"linger must be > 0 and max_batch >= 1, got {linger}, {max_batch}")
-        self._bootstrap = bootstrap
+        if not linger > 0 or max_batch < 1 or not delivery_timeout > 0:
+            raise ValueError(
+                "linger and delivery_timeout must be > 0 and max_batch >= 1, "
+                f"got {linger}, {delivery_timeout}, {max_batch}"
+            )
         self._security = current_security()
-        config = dict(producer_config(bootstrap, security=self._security))
+        config: dict[str, Any] = dict(producer_config(bootstrap, security=self._security))
         config.setdefault("partitioner", "murmur2_random")
-        self._client_errors: list[KafkaError] = []
-        self._tls_failure: str | None = None
+        config["error_cb"] = self._note_error  # the cause, when the broker cannot be reached
+        config["logger"] = quiet_librdkafka_logger()  # its connection failures: a line, not a flood
+        self.bootstrap = bootstrap
         self.topics = topics
         self.source = source
-        self._producer = Producer({**config, "error_cb": self._client_errors.append})
+        self.delivery_timeout = delivery_timeout
+        self._connection_errors: deque[str] = deque(maxlen=20)
+        self._client_errors: list[KafkaError] = []
+        """librdkafka's client errors not looked at yet for a failed TLS handshake."""
+        self._tls_failure: str | None = None
+        self._producer = Producer(config)
         self._deliveries = DeliveryCounter()
+        self._settled = 0
+        """Deliveries (successful or failed) counted at the last look (`_raise_if_stalled`)."""
+        self._stalled_since: float | None = None
+        """Since when records have waited without any delivery (None: none waits, or one came)."""
         self._errors_raised = 0
         self._closed = False
         self.linger = linger
@@ -98,7 +119,8 @@ class TelemetryProducer:
         takes the names of the job's first report, so a feature missing from that report is never used.
         Live jobs send no checkpoint boundaries: the agent evaluates them on its timer.
         Waits until the announcement is delivered, so it is on the broker before any of the job's
-        task reports (they go to another topic, with no ordering between topics otherwise).
+        task reports (they go to another topic, with no ordering between topics otherwise); raises
+        `BrokerUnreachable` when it is not within ``delivery_timeout`` seconds.
         """
         event = JobEvent(
             job_id=job_id,
@@ -107,8 +129,9 @@ class TelemetryProducer:
             expected_tasks=_int_or_value(expected_tasks),
             feature_names=None if feature_names is None else list(feature_names),
         )
+        self._raise_if_stalled()
         self._send(self.topics.job_events, job_id, event)
-        self.flush()
+        self._wait_delivered()
 
     def report(
         self,
@@ -130,7 +153,8 @@ class TelemetryProducer:
         have started at its first report through this producer (pass it when the task started earlier).
         A ``finished`` report needs ``latency`` (seconds from start to finish, >= 0); other statuses
         must not carry one. ``attempt`` counts the task's runs from 0, so a relaunched copy is attempt
-        1. Raises `schemas.SchemaError` (and sends nothing) for an invalid report.
+        1. Raises `schemas.SchemaError` (and sends nothing) for an invalid report, `BrokerUnreachable`
+        when records sent before have waited ``delivery_timeout`` seconds without any delivery.
         """
         now = _now(at)
         attempt_no = _int_or_value(attempt)
@@ -155,6 +179,7 @@ class TelemetryProducer:
         if self._closed:
             raise RuntimeError("TelemetryProducer is closed")
         self._raise_on_tls_failure()
+        self._raise_if_stalled()
         with self._lock:
             _, reports = self._waiting.setdefault(job_id, (time.monotonic(), []))
             reports.append(event)
@@ -163,10 +188,14 @@ class TelemetryProducer:
             self._send_batch(job_id)
 
     def end_job(self, job_id: str, *, at: float | None = None) -> None:
-        """Tell the pipeline the job is over, so its state can be dropped (its waiting reports go first)."""
+        """Tell the pipeline the job is over, so its state can be dropped (its waiting reports go first).
+        Waits until they are delivered; raises `BrokerUnreachable` when they are not within
+        ``delivery_timeout`` seconds."""
+        self._raise_if_stalled()
         self._first_report = {k: v for k, v in self._first_report.items() if k[0] != job_id}
         self._send_batch(job_id)
         self._send(self.topics.job_events, job_id, JobEvent(job_id=job_id, event="ended", time=_now(at)))
+        self._wait_delivered()
 
     def flush(self, timeout: float = DEFAULT_FLUSH_SECONDS) -> int:
         """Wait up to ``timeout`` seconds for every report to be delivered; return how many are still
@@ -193,16 +222,19 @@ class TelemetryProducer:
         """Records the broker has acknowledged so far."""
         return self._deliveries.delivered
 
-    def close(self, timeout: float = DEFAULT_FLUSH_SECONDS) -> None:
-        """Flush (raising on failed or undelivered records); the producer cannot be used afterwards."""
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, at most ``timeout`` seconds (default ``delivery_timeout``; none when a call has
+        already found the broker unreachable and nothing was delivered since), raising on failed or
+        undelivered records (`BrokerUnreachable`); the producer cannot be used afterwards."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         self._lingerer.join()
-        remaining = self.flush(timeout)
-        if remaining:
-            raise RuntimeError(f"{remaining} telemetry record(s) still undelivered after {timeout:g} s")
+        known_down = self._stalled_since is not None and self._settled == self._settled_now()
+        wait = 0.0 if known_down else self.delivery_timeout if timeout is None else timeout
+        if self.flush(wait):
+            raise self._unreachable()
 
     def __enter__(self) -> Self:
         return self
@@ -219,13 +251,47 @@ class TelemetryProducer:
         with contextlib.suppress(Exception):  # deliver what was reported; keep the block's own error
             self.close()
 
+    def _wait_delivered(self) -> None:
+        """Wait up to ``delivery_timeout`` seconds until every record sent so far is delivered; raise
+        `BrokerUnreachable` when some is not."""
+        if self.flush(self.delivery_timeout):
+            self._stalled_since = time.monotonic() - self.delivery_timeout
+            self._settled = self._settled_now()
+            raise self._unreachable()
+
+    def _raise_if_stalled(self) -> None:
+        """Raise `BrokerUnreachable` when records have waited ``delivery_timeout`` seconds, as far as
+        these looks can tell, without any delivery (successful or failed) meanwhile."""
+        self._producer.poll(0)
+        settled, now = self._settled_now(), time.monotonic()
+        if settled != self._settled or len(self._producer) == 0:
+            self._settled, self._stalled_since = settled, None
+        elif self._stalled_since is None:
+            self._stalled_since = now
+        elif now - self._stalled_since >= self.delivery_timeout:
+            raise self._unreachable()
+
+    def _settled_now(self) -> int:
+        return self._deliveries.delivered + self._deliveries.failed
+
+    def _unreachable(self) -> BrokerUnreachable:
+        return BrokerUnreachable(
+            self.bootstrap, failure_cause(self._connection_errors), self.delivery_timeout
+        )
+
+    def _note_error(self, error: KafkaError) -> None:
+        """librdkafka's client-level errors (``error_cb``): kept for the cause, not logged."""
+        self._client_errors.append(error)
+        if error.code() != KafkaError._ALL_BROKERS_DOWN:
+            self._connection_errors.append(error.str())
+
     def _raise_on_tls_failure(self) -> None:
         """Raise `TlsHandshakeError` once librdkafka has reported a failed TLS handshake (its error
         callback, served by ``poll`` and ``flush``); other client errors are left to its retries."""
         if self._tls_failure is None and self._client_errors:
             errors = self._client_errors[:]
             del self._client_errors[: len(errors)]  # error_cb may append meanwhile (another thread's poll)
-            self._tls_failure = handshake_failure(errors, self._bootstrap, self._security)
+            self._tls_failure = handshake_failure(errors, self.bootstrap, self._security)
         if self._tls_failure is not None:
             raise TlsHandshakeError(self._tls_failure)
 

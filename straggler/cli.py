@@ -25,6 +25,7 @@ from straggler.argtypes import (
 from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import MITIGATION_POLICIES
+from straggler.kafka.reachability import BrokerUnreachable, add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.traces.loading import add_trace_arguments, traces_for_command
 
@@ -143,6 +144,7 @@ def _train(args: argparse.Namespace) -> int:
         if not isinstance(method, Admm):
             print(f"--bootstrap trains only admm over Kafka, not {args.method}", file=sys.stderr)
             return 2
+        wait_for_broker(args.bootstrap, args.broker_timeout)
         topic = TopicNames(args.topic_prefix).admm_exchange
         trained = method.fit_population(traces, exchange=kafka_exchange(args.bootstrap, topic))
     save_trained_method(trained, args.out)
@@ -166,6 +168,7 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--topic-prefix", type=topic_prefix, default="", help="admm: namespace of the exchange topic"
     )
+    add_broker_timeout_argument(p)
     add_kafka_config_argument(p)
     p.set_defaults(func=_train)
 
@@ -175,6 +178,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     from straggler.replay import run_replay
 
+    if args.bootstrap is not None:
+        wait_for_broker(args.bootstrap, args.broker_timeout)  # before the trace, which may take minutes
     traces = traces_for_command(args)
     if traces is None:
         return 1
@@ -225,6 +230,7 @@ def _register_replay(subparsers: argparse._SubParsersAction) -> None:
         metavar="PORT",
         help="Prometheus metrics of the worker at 127.0.0.1:PORT, of the mitigator at PORT+1 (default: off)",
     )
+    add_broker_timeout_argument(p)
     add_kafka_config_argument(p)
     p.set_defaults(func=_replay)
 
@@ -272,7 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KafkaAccessError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokerUnreachable as exc:  # a command's wait for its broker (--broker-timeout) ran out
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

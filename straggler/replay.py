@@ -46,6 +46,7 @@ from straggler.kafka.config import consumer_config
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.offsets import end_offset
+from straggler.kafka.reachability import LIBRDKAFKA_LOGGER
 from straggler.simulation import checkpoint_interval, figures, limit_outcome, mean_figures
 
 log = logging.getLogger(__name__)
@@ -268,13 +269,18 @@ def exited_child(processes: Mapping[str, subprocess.Popen[bytes]], logs: Mapping
 
 
 def last_words(log: Path) -> str:
-    """The last line of a child's log that is not librdkafka's own (``%N|...``), or a note that none is."""
+    """The last line of a child's log that is not librdkafka's own, or a note that none is."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return "no log"
-    said = [line.strip() for line in lines if line.strip() and not line.startswith("%")]
+    said = [line.strip() for line in lines if line.strip() and not _librdkafkas(line)]
     return said[-1] if said else "nothing logged"
+
+
+def _librdkafkas(line: str) -> bool:
+    """A line of librdkafka's: printed by it (``%N|...``) or through the quiet logger."""
+    return line.startswith("%") or f" {LIBRDKAFKA_LOGGER}: " in line
 
 
 def closed_loop_replay(

@@ -81,6 +81,18 @@ WRONG_VALUES = {
         "--partitions",
     ),
     "smoke --messages": (["smoke", "--bootstrap", NOBODY, "--messages", "-3"], "--messages"),
+    "worker --broker-timeout 0": (
+        ["worker", "--bootstrap", NOBODY, "--broker-timeout", "0"],
+        "--broker-timeout",
+    ),
+    "mitigate --broker-timeout nan": (
+        ["mitigate", "--bootstrap", NOBODY, "--broker-timeout", "nan"],
+        "--broker-timeout",
+    ),
+    "topics create --broker-timeout -1": (
+        ["topics", "create", "--bootstrap", NOBODY, "--broker-timeout", "-1"],
+        "--broker-timeout",
+    ),
     "broker start --port": (["broker", "start", "--port", "65536"], "--port"),
 }
 

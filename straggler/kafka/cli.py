@@ -18,6 +18,7 @@ from straggler.kafka.embedded import (
     TlsAddresses,
     embedded_kafka,
 )
+from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.kafka.smoke import DEFAULT_MESSAGES, smoke_check
 from straggler.kafka.topics import DEFAULT_PARTITIONS, DEFAULT_REPLICATION, create_topics
@@ -73,6 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument(
         "--replication", type=positive_int, default=DEFAULT_REPLICATION, help="replicas of each partition"
     )
+    add_broker_timeout_argument(create)
     add_kafka_config_argument(create)
     create.set_defaults(func=_topics_create)
 
@@ -87,6 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     smoke.add_argument(
         "--messages", type=positive_int, default=DEFAULT_MESSAGES, help="records to send and read back"
     )
+    add_broker_timeout_argument(smoke)
     add_kafka_config_argument(smoke)
     smoke.set_defaults(func=_smoke)
 
@@ -177,6 +180,7 @@ def default_bootstrap() -> str:
 
 def _topics_create(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap or default_bootstrap()
+    wait_for_broker(bootstrap, args.broker_timeout)
     try:
         created = create_topics(bootstrap, partitions=args.partitions, replication=args.replication)
     except KafkaException as exc:
@@ -188,6 +192,7 @@ def _topics_create(args: argparse.Namespace) -> int:
 
 def _smoke(args: argparse.Namespace) -> int:
     if args.bootstrap:
+        wait_for_broker(args.bootstrap, args.broker_timeout)
         return EXIT_OK if smoke_check(args.bootstrap, args.messages).ok else EXIT_FAILED
     try:
         with embedded_kafka() as bootstrap:
