@@ -19,15 +19,16 @@ from typing import Any, ClassVar, Literal, Self, get_type_hints
 
 SCHEMA_VERSION = 1
 """Version most events are written with today; `RelaunchCommand` is at version 2 (it names the task
-attempt), `Prediction` at 3 (it adds the straggle probability) and `DeadLetter` at 2 (it names the
-stage that wrote it). `schemas.codec` reads every version
+attempt), `Prediction` at 3 (it adds the straggle probability) and `DeadLetter` at 3 (it names the
+stage that wrote it, since 2; the executor is a stage since 3). `schemas.codec` reads every version
 it ships a schema for."""
 
 TaskStatus = Literal["running", "finished", "failed", "killed"]
 JobEventKind = Literal["started", "ended"]
 Action = Literal["relaunch", "duplicate", "kill"]
-Stage = Literal["agent", "mitigator"]
-"""Who wrote a dead letter: the Faust worker's agent or the mitigation consumer (both read the inputs)."""
+Stage = Literal["agent", "mitigator", "executor"]
+"""Who wrote a dead letter: the Faust worker's agent or the mitigation consumer (both read the inputs),
+or a command executor (reads ``relaunch-commands``; `consumers.dask_executor`)."""
 
 
 class _EventBase:
@@ -238,7 +239,7 @@ class DeadLetter(_EventBase):
     EVENT_TYPE: ClassVar[str] = "dead_letter"
 
     type: Literal["dead_letter"] = "dead_letter"
-    schema_version: int = 2
+    schema_version: int = 3
     raw_payload: str
     truncated: bool
     raw_size: int
@@ -248,7 +249,8 @@ class DeadLetter(_EventBase):
     error: str
     failed_at: float
     stage: Stage | None
-    """The stage that wrote the letter (version 2, required); None when read from a version-1 record."""
+    """The stage that wrote the letter (version 2 and later, required); None when read from a version-1
+    record."""
 
 
 Event = (

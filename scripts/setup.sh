@@ -40,9 +40,10 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-# The test tools, and PyOD (the `outliers` extra) so the outlier-detector baselines are tested too.
+# The test tools, PyOD (the `outliers` extra) so the outlier-detector baselines are tested too, and
+# Dask `distributed` (the `dask` extra) so the Dask telemetry plugin and executor are tested too.
 # PyTorch (`start`, START's training) is left out: large, and only its `torch`-marked tests need it.
-extras="test,outliers"
+extras="test,outliers,dask"
 stamp=.venv/.installed-$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip

@@ -722,7 +722,7 @@ def test_dead_letter_keeps_a_small_payload_verbatim() -> None:
     assert (letter.truncated, letter.raw_size) == (False, 11)
     assert (letter.source_topic, letter.source_partition, letter.source_offset) == ("tasks", 3, 17)
     assert letter.error == "ValueError: boom"
-    assert letter.stage == "agent" and letter.schema_version == 2
+    assert letter.stage == "agent" and letter.schema_version == 3
     assert decode(encode(letter)) == letter
 
 

@@ -1,0 +1,166 @@
+"""The tasks straggler-stream runs on a Dask cluster: each attempt of a user's task, and the names
+the adapter (`producers.dask_job`), the telemetry plugin (`producers.dask_telemetry`) and the command
+executor (`consumers.dask_executor`) share on the scheduler.
+
+One user task is one `TaskCall` (function, arguments), scattered once; every attempt of it (the
+original, a speculative copy, a relaunch) is a Dask task of its own, `run_attempt` on that call, with
+the key `attempt_key(job, task, n)`. So a copy runs the very same function on the very same
+arguments, and its key says which attempt it is (the executor's commands name attempts). The
+adapter publishes each task's `TaskRecord` under `task_record_name`; the executor reads it to copy
+or stop an attempt and publishes it again with the attempts it added, and tells the adapter about a
+new attempt on the job's queue (`attempts_queue_name`).
+
+Needs the `dask` extra; imported only by the modules above.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from dask.sizeof import sizeof
+from distributed import get_worker
+
+ATTEMPT_KEY_PREFIX = "straggler-attempt"
+"""First element of every attempt's key (Dask shows it as the task's prefix on its dashboard)."""
+EXECUTOR_METADATA = "straggler-executor"
+"""Root of the scheduler metadata where the executor records the command ids it applied."""
+CANCELLED_STATES = frozenset({"cancelled", "released", "forgotten"})
+"""Worker task states of an attempt the scheduler no longer wants (cancelled while it executes)."""
+
+AttemptEnd = Literal["finished", "failed", "killed"]
+
+
+@dataclass(frozen=True)
+class TaskCall:
+    """What a user's task runs: ``fn(*args, **kwargs)``. ``kind`` names the function (a feature)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    kind: str
+
+
+@dataclass
+class TaskRecord:
+    """One user task on the scheduler (published by the adapter, republished by the executor):
+    its call, its attempts' futures by number, and whether it may be copied (pure)."""
+
+    job_id: str
+    task_id: str
+    call: Any
+    """The scattered `TaskCall`'s future."""
+    attempts: dict[int, Any] = field(default_factory=dict)
+    """Attempt number -> its future."""
+    copyable: bool = True
+
+
+@dataclass(frozen=True)
+class AttemptInfo:
+    """An attempt as it starts executing on a worker (what telemetry reports about it)."""
+
+    job_id: str
+    task_id: str
+    attempt: int
+    kind: str
+    input_bytes: int
+    started_at: float
+    """Wall-clock time the attempt began executing (not when it was queued)."""
+    worker: str
+
+
+@runtime_checkable
+class AttemptObserver(Protocol):
+    """A worker plugin told when an attempt starts and ends on its worker (from the task's thread,
+    so it must only hand the news over, never block)."""
+
+    def attempt_started(self, info: AttemptInfo) -> None: ...
+
+    def attempt_ended(self, info: AttemptInfo, outcome: AttemptEnd, at: float) -> None: ...
+
+
+def attempt_key(job_id: str, task_id: str, attempt: int) -> tuple[str, str, str, int]:
+    """The Dask key of a task's attempt."""
+    return (ATTEMPT_KEY_PREFIX, job_id, task_id, attempt)
+
+
+def parse_attempt_key(key: object) -> tuple[str, str, int] | None:
+    """(job, task, attempt) of an attempt's key; None for any other key."""
+    if (
+        isinstance(key, tuple)
+        and len(key) == 4
+        and key[0] == ATTEMPT_KEY_PREFIX
+        and isinstance(key[1], str)
+        and isinstance(key[2], str)
+        and isinstance(key[3], int)
+    ):
+        return key[1], key[2], key[3]
+    return None
+
+
+def task_record_name(job_id: str, task_id: str) -> str:
+    """Name of a task's published `TaskRecord`."""
+    return f"straggler/{len(job_id)}:{job_id}/{task_id}"
+
+
+def attempts_queue_name(job_id: str) -> str:
+    """Name of the job's queue of attempts the executor added (read by the adapter)."""
+    return f"straggler-attempts/{job_id}"
+
+
+def applied_metadata_key(command_id: str) -> list[str]:
+    """Where the scheduler's metadata records that a command was applied."""
+    return [EXECUTOR_METADATA, "applied", command_id]
+
+
+def kind_feature(kind: str) -> float:
+    """A task's kind (its function's name) as a number in [0, 1): the same kind, the same number."""
+    return zlib.crc32(kind.encode()) / 2**32
+
+
+_current = threading.local()
+
+
+def cancelled() -> bool:
+    """Whether the attempt running in this thread was cancelled (killed, or lost its race): a
+    long task may call it now and then and return early, which frees its worker at once instead of
+    at the worker's restart. False outside an attempt."""
+    key = getattr(_current, "key", None)
+    if key is None:
+        return False
+    state = get_worker().state.tasks.get(key)
+    return state is None or state.state in CANCELLED_STATES
+
+
+def run_attempt(call: TaskCall, job_id: str, task_id: str, attempt: int) -> Any:
+    """Run one attempt of a task on a worker, telling the worker's `AttemptObserver` plugins when it
+    really starts (now, on the worker's thread) and how it ends."""
+    worker = get_worker()
+    info = AttemptInfo(
+        job_id=job_id,
+        task_id=task_id,
+        attempt=attempt,
+        kind=call.kind,
+        input_bytes=int(sizeof(call.args) + sizeof(dict(call.kwargs))),
+        started_at=time.time(),
+        worker=worker.address,
+    )
+    observers = [plugin for plugin in worker.plugins.values() if isinstance(plugin, AttemptObserver)]
+    for observer in observers:
+        observer.attempt_started(info)
+    _current.key = attempt_key(job_id, task_id, attempt)
+    outcome: AttemptEnd = "failed"
+    try:
+        result = call.fn(*call.args, **call.kwargs)
+        outcome = "finished"
+        return result
+    finally:
+        if cancelled():  # its result (or error) is thrown away: the attempt was stopped
+            outcome = "killed"
+        _current.key = None
+        for observer in observers:
+            observer.attempt_ended(info, outcome, time.time())

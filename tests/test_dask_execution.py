@@ -1,0 +1,122 @@
+"""The Dask executor's decisions (`straggler.core.execution.ExecutionBook`), without a cluster or a
+broker: which commands are carried out, which are skipped and why, each id once, races and cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas import RelaunchCommand, command_id
+from schemas.events import Action
+from straggler.core.execution import Copy, ExecutionBook, Kill, Relaunch, Skip
+
+
+def order(action: Action, attempt: int | None = 0, *, task: str = "t1", key: int = 0) -> RelaunchCommand:
+    return RelaunchCommand(
+        command_id=command_id("j", task, action, key),
+        job_id="j",
+        task_id=task,
+        action=action,
+        reason="test",
+        policy="speculate",
+        issued_at=1.0,
+        checkpoint_time=0.0,
+        attempt=attempt,
+    )
+
+
+def book_with_task(copyable: bool = True) -> ExecutionBook:
+    book = ExecutionBook()
+    book.observe("j", "t1", copyable, {0: "live"}, at=0.0)
+    return book
+
+
+def test_duplicate_of_a_live_attempt_copies_it_as_the_next_attempt() -> None:
+    assert book_with_task().decide(order("duplicate")) == Copy("j", "t1", 0, 1)
+
+
+def test_a_command_id_is_applied_once() -> None:
+    book = book_with_task()
+    command = order("duplicate")
+    book.mark_applied(command.command_id)
+    decision = book.decide(command)
+    assert isinstance(decision, Skip) and decision.kind == "applied"
+
+
+@pytest.mark.parametrize("action", ["duplicate", "kill", "relaunch"])
+def test_a_command_for_an_unknown_task_is_skipped(action: Action) -> None:
+    decision = book_with_task().decide(order(action, task="nope"))
+    assert isinstance(decision, Skip) and decision.kind == "unknown_task"
+
+
+def test_a_finished_task_is_neither_copied_nor_relaunched() -> None:
+    book = ExecutionBook()
+    book.observe("j", "t1", True, {0: "finished"}, at=5.0)
+    for action in ("duplicate", "relaunch"):
+        decision = book.decide(order(action))
+        assert isinstance(decision, Skip) and decision.kind == "finished_task"
+
+
+def test_a_side_effecting_task_is_never_copied_nor_relaunched() -> None:
+    book = book_with_task(copyable=False)
+    for action in ("duplicate", "relaunch"):
+        decision = book.decide(order(action))
+        assert isinstance(decision, Skip) and decision.kind == "not_copyable"
+
+
+def test_the_loser_is_killed_after_the_winner_finished() -> None:
+    book = book_with_task()
+    book.attempt_added("j", "t1", 1, at=10.0)
+    book.attempt_ended("j", "t1", 1, "finished", at=14.0)
+    assert book.decide(order("kill", 0)) == Kill("j", "t1", 0)
+    assert book.copies_won == 1 and book.copies_lost == 0
+    assert book.extra_machine_seconds == pytest.approx(4.0)
+
+
+def test_the_last_live_attempt_of_an_unfinished_task_is_not_killed() -> None:
+    decision = book_with_task().decide(order("kill", 0))
+    assert isinstance(decision, Skip) and decision.kind == "last_attempt"
+
+
+def test_an_ended_attempt_is_not_killed_again() -> None:
+    book = book_with_task()
+    book.attempt_added("j", "t1", 1, at=10.0)
+    book.attempt_ended("j", "t1", 0, "finished", at=12.0)
+    book.attempt_ended("j", "t1", 1, "killed", at=13.0)
+    decision = book.decide(order("kill", 1))
+    assert isinstance(decision, Skip) and decision.kind == "ended_attempt"
+    assert book.copies_lost == 1 and book.copies_won == 0
+    assert book.extra_machine_seconds == pytest.approx(3.0)  # the copy's run, until it was killed
+
+
+def test_relaunch_restarts_the_attempt_as_the_next_one() -> None:
+    assert book_with_task().decide(order("relaunch", 0)) == Relaunch("j", "t1", 0, 1)
+
+
+def test_a_copy_is_not_made_twice_under_another_command_id() -> None:
+    book = book_with_task()
+    book.attempt_added("j", "t1", 1, at=1.0)
+    decision = book.decide(order("duplicate", 0, key=7))
+    assert isinstance(decision, Skip) and decision.kind == "attempt_exists"
+
+
+def test_without_an_attempt_the_command_acts_on_the_latest_live_one() -> None:
+    book = book_with_task()
+    book.attempt_added("j", "t1", 1, at=1.0)
+    assert book.decide(order("duplicate", None)) == Copy("j", "t1", 1, 2)
+
+
+def test_an_unknown_attempt_is_skipped() -> None:
+    decision = book_with_task().decide(order("duplicate", 4))
+    assert isinstance(decision, Skip) and decision.kind == "unknown_attempt"
+
+
+def test_an_end_is_counted_once() -> None:
+    book = book_with_task()
+    book.attempt_added("j", "t1", 1, at=0.0)
+    book.attempt_ended("j", "t1", 1, "finished", at=2.0)
+    book.attempt_ended("j", "t1", 1, "finished", at=9.0)
+    book.observe("j", "t1", True, {0: "killed", 1: "finished"}, at=9.0)
+    assert book.extra_machine_seconds == pytest.approx(2.0)
+    assert book.copies_won == 1
+    task = book.task("j", "t1")
+    assert task is not None and task.winner == 1 and task.live() == []
