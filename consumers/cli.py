@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from types import FrameType
 
@@ -30,13 +31,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``mitigate`` command to the top-level CLI."""
+def add_bootstrap_argument(p: argparse.ArgumentParser) -> None:
+    """``--bootstrap``, required unless ``$KAFKA_BOOTSTRAP_SERVERS`` gives it."""
     default_bootstrap = os.environ.get(BOOTSTRAP_ENV)
-    p = subparsers.add_parser(
-        "mitigate",
-        help="turn straggler predictions into relaunch commands (transactional, exactly once)",
-    )
     p.add_argument(
         "--bootstrap",
         type=bootstrap_servers,
@@ -44,6 +41,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         required=default_bootstrap is None,
         help=f"broker address (default: ${BOOTSTRAP_ENV})",
     )
+
+
+def metrics_where(args: argparse.Namespace) -> str:
+    """Where a stage serves its metrics, for its start line."""
+    return "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}"
+
+
+@contextlib.contextmanager
+def stopping_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` while inside (the loop then finishes the record or transaction
+    in flight and closes); the previous handlers come back on leaving. Only the main thread may set
+    handlers: elsewhere nothing is changed."""
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``mitigate`` command to the top-level CLI."""
+    p = subparsers.add_parser(
+        "mitigate",
+        help="turn straggler predictions into relaunch commands (transactional, exactly once)",
+    )
+    add_bootstrap_argument(p)
     p.add_argument("--policy", type=policy, default=DEFAULT_POLICY, help=f"mitigation policy: {POLICY_SPECS}")
     p.add_argument(
         "--checkpoint-seconds",
@@ -91,7 +121,7 @@ def _mitigate(args: argparse.Namespace) -> int:
         args.policy,
         args.checkpoint_seconds,
         "no watchdog" if args.no_watchdog else "under the watchdog",
-        "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}",
+        metrics_where(args),
     )
     options = {
         "bootstrap": args.bootstrap,
@@ -110,40 +140,32 @@ def _mitigate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     stop = threading.Event()
+    with stopping_on_signals(stop):  # the loop finishes (commits) the transaction in flight
+        try:
+            if not wait_for_broker(
+                args.bootstrap, args.broker_timeout, stop=stop, on_wait=_say_waiting(args)
+            ):
+                stats, restarts = MitigationStats(), 0  # stopped before a broker answered
+            elif args.no_watchdog:
+                stats = consumer.run(stop=stop, idle_timeout=args.idle_timeout)
+                restarts = 0
+            else:
+                from consumers.watchdog import STALL_TIMEOUT_S, supervise
 
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        # The loop finishes (commits) the transaction in flight, then closes the consumer.
-        stop.set()
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        if not wait_for_broker(args.bootstrap, args.broker_timeout, stop=stop, on_wait=_say_waiting(args)):
-            stats, restarts = MitigationStats(), 0  # stopped before a broker answered
-        elif args.no_watchdog:
-            stats = consumer.run(stop=stop, idle_timeout=args.idle_timeout)
-            restarts = 0
-        else:
-            from consumers.watchdog import STALL_TIMEOUT_S, supervise
-
-            run = supervise(
-                options,
-                idle_timeout=args.idle_timeout,
-                stall_timeout=args.stall_timeout or STALL_TIMEOUT_S,
-                stop=stop,
-                verbose=args.verbose,
-            )
-            if run.exit_code != 0:
-                print("error: the mitigation consumer failed (see the log above)", file=sys.stderr)
-                return EXIT_FAILED
-            stats, restarts = run.stats, run.restarts
-    except KafkaException as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+                run = supervise(
+                    options,
+                    idle_timeout=args.idle_timeout,
+                    stall_timeout=args.stall_timeout or STALL_TIMEOUT_S,
+                    stop=stop,
+                    verbose=args.verbose,
+                )
+                if run.exit_code != 0:
+                    print("error: the mitigation consumer failed (see the log above)", file=sys.stderr)
+                    return EXIT_FAILED
+                stats, restarts = run.stats, run.restarts
+        except KafkaException as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
     print(json.dumps({**asdict(stats), "watchdog_restarts": restarts}))
     return EXIT_OK
 

@@ -237,6 +237,7 @@ def _register_replay(subparsers: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from consumers.cli import register as register_mitigate
+    from consumers.dask_cli import register as register_dask_executor
     from consumers.liveview import register as register_view
     from pipeline.cli import register as register_worker
     from producers.cli import register as register_produce
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_worker(subparsers)
     register_produce(subparsers)
     register_mitigate(subparsers)
+    register_dask_executor(subparsers)
     _register_replay(subparsers)
     register_view(subparsers)
     return parser

@@ -58,6 +58,26 @@ class TaskRecord:
     """Attempt number -> its future."""
     copyable: bool = True
 
+    def published(self) -> dict[str, Any]:
+        """The record as plain dicts, what ``Client.publish_dataset`` takes: Dask finds (and binds to
+        the reading client) futures in dicts and lists, not in other objects."""
+        return {
+            "job_id": self.job_id,
+            "task_id": self.task_id,
+            "call": self.call,
+            "attempts": dict(self.attempts),
+            "copyable": self.copyable,
+        }
+
+    @classmethod
+    def from_published(cls, data: object) -> TaskRecord | None:
+        """The record `published` wrote; None for anything else (no such dataset)."""
+        if not isinstance(data, dict) or set(data) != {"job_id", "task_id", "call", "attempts", "copyable"}:
+            return None
+        return cls(
+            data["job_id"], data["task_id"], data["call"], dict(data["attempts"]), bool(data["copyable"])
+        )
+
 
 @dataclass(frozen=True)
 class AttemptInfo:

@@ -67,6 +67,14 @@ WRONG_VALUES = {
         ["mitigate", "--bootstrap", NOBODY, "--metrics-port", "70000"],
         "--metrics-port",
     ),
+    "dask-executor --scheduler": (
+        ["dask-executor", "--bootstrap", NOBODY, "--scheduler", "no-port"],
+        "--scheduler",
+    ),
+    "dask-executor --kill-grace": (
+        ["dask-executor", "--bootstrap", NOBODY, "--scheduler", "127.0.0.1:8786", "--kill-grace", "-1"],
+        "--kill-grace",
+    ),
     "produce --speed": (
         ["produce", "--bootstrap", NOBODY, "--format", "synthetic", "--speed", "-1"],
         "--speed",
@@ -135,6 +143,7 @@ MINIMAL_ARGS = {
     "worker": ["--bootstrap", NOBODY],
     "produce": ["--format", "synthetic"],
     "mitigate": ["--bootstrap", NOBODY],
+    "dask-executor": ["--bootstrap", NOBODY, "--scheduler", "tcp://127.0.0.1:8786"],
     "replay": ["--format", "synthetic", "--out", "o"],
     "view": ["--bootstrap", NOBODY],
     "smoke": [],

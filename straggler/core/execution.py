@@ -110,6 +110,11 @@ class ExecutionBook:
     def mark_applied(self, command_id: str) -> None:
         self._applied.add(command_id)
 
+    @property
+    def tracked(self) -> int:
+        """Tasks the book holds."""
+        return len(self._tasks)
+
     def task(self, job_id: str, task_id: str) -> TaskAttempts | None:
         return self._tasks.get((job_id, task_id))
 

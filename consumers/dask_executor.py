@@ -1,0 +1,350 @@
+"""The Dask executor: carries out the relaunch commands on a Dask cluster, each command id once.
+
+`DaskExecutor` reads ``relaunch-commands`` (``isolation.level=read_committed``: an aborted
+transaction's commands are never seen) and, for the tasks the adapter submitted
+(`producers.dask_job`), turns each command into an action on the cluster through
+`straggler.core.execution.ExecutionBook`, which decides:
+
+- ``duplicate``: a copy of the attempt (same scattered call: same function, same arguments) on
+  another worker, as the next attempt; the adapter's future resolves to the first that finishes;
+- ``kill``: the attempt is cancelled, and its worker's slot freed. Dask's cancel forgets the task
+  but cannot stop a thread that runs it: the slot is free once the function returns, at once when
+  it calls `straggler.dask_tasks.cancelled()` now and then; after ``kill_grace`` seconds still
+  running, its worker is restarted (its nanny starts a fresh process). The log line and the
+  ``straggler_executor_kill_seconds`` histogram give how long that took and which way;
+- ``relaunch``: the next attempt is started (anywhere but the attempt's worker), then the attempt
+  is killed as above.
+
+Applied once: a command's id is recorded in the scheduler's metadata (`Client.set_metadata`) once
+it is carried out, then its offset is committed (synchronously). A redelivered command (a restart
+before the commit, a new consumer group, a re-issued command) finds its id there and is skipped;
+the scheduler outlives every executor process, and it holds the very tasks the ids refer to. The
+one window left, a crash between carrying a command out and recording it, is closed by the
+attempt numbers: a copy or relaunch of attempt ``a`` is attempt ``a + 1`` with a fixed key, so the
+redone command finds that attempt and is skipped (``attempt_exists``); a repeated kill finds the
+attempt ended.
+
+A command for a task this cluster does not know, or that has ended, is skipped with a log line and
+counted (``straggler_executor_skips_total{kind}``); a record that is not a valid relaunch command is
+dead-lettered with the reason (stage ``executor``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Message, Producer
+from distributed import Client, Future, Queue
+
+from consumers.executor_metrics import ExecutorMetrics, ExecutorStats
+from consumers.mitigation import POLL_TIMEOUT_S
+from schemas import RelaunchCommand, SchemaError, dead_letter_for, decode, encode
+from straggler.core.execution import AttemptStatus, Copy, Decision, ExecutionBook, Kill, Relaunch, Skip
+from straggler.dask_tasks import (
+    TaskRecord,
+    applied_metadata_key,
+    attempt_key,
+    attempts_queue_name,
+    parse_attempt_key,
+    run_attempt,
+    task_record_name,
+)
+from straggler.kafka.config import ClientConfig, consumer_config, producer_config
+from straggler.kafka.consume import arrived
+from straggler.kafka.names import TopicNames
+from straggler.kafka.produce import produce_with_backpressure
+from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_S = 2.0
+"""How long a killed attempt may run on before its worker is restarted."""
+CONNECT_TIMEOUT_S = 30.0
+"""How long to wait for the scheduler at start."""
+RESTART_TIMEOUT_S = 60.0
+"""Longest wait for a restarted worker to come back."""
+FUTURE_STATUS: dict[str, AttemptStatus] = {"finished": "finished", "error": "failed", "cancelled": "killed"}
+"""A Dask future's status as an attempt's (any other status: still live)."""
+
+
+class DaskExecutor:
+    """Carries out relaunch commands on the Dask cluster at ``scheduler``."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        scheduler: str,
+        *,
+        topics: TopicNames = TopicNames(),  # noqa: B008 - a frozen value, safe as a default
+        group_id: str = "straggler-dask-executor",
+        kill_grace: float = KILL_GRACE_S,
+        metrics_port: int | None = None,
+        metrics_host: str = DEFAULT_METRICS_HOST,
+    ) -> None:
+        if not kill_grace >= 0:
+            raise ValueError(f"kill_grace must be >= 0, got {kill_grace}")
+        self.bootstrap, self.scheduler = bootstrap, scheduler
+        self.topics, self.group_id = topics, group_id
+        self.kill_grace = kill_grace
+        self.book = ExecutionBook()
+        self.stats = ExecutorStats()
+        self.metrics = ExecutorMetrics(lambda: self.stats)
+        self.metrics_port, self.metrics_host = metrics_port, metrics_host
+        self._ended: queue.SimpleQueue[tuple[str, str, int, AttemptStatus, float]] = queue.SimpleQueue()
+        """Attempts whose futures completed (from Dask's callback thread), for the book."""
+        self._watched: set[Any] = set()
+        self._client: Client | None = None
+
+    def run(
+        self,
+        *,
+        stop: threading.Event | None = None,
+        idle_timeout: float | None = None,
+        max_commands: int | None = None,
+    ) -> ExecutorStats:
+        """Consume until ``stop`` is set, ``idle_timeout`` seconds pass without a record, or
+        ``max_commands`` records are handled; return the counts."""
+        client = Client(self.scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        self._client = client
+        consumer = Consumer(self._consumer_config())
+        letters = Producer(producer_config(self.bootstrap))
+        stop_serving = (
+            None
+            if self.metrics_port is None
+            else serve(self.metrics.registry, self.metrics_port, self.metrics_host)
+        )
+        try:
+            consumer.subscribe([self.topics.commands])
+            last_input = time.monotonic()
+            while not (stop is not None and stop.is_set()):
+                if max_commands is not None and self.stats.consumed >= max_commands:
+                    break
+                self._book_ended_attempts()
+                budget = 100 if max_commands is None else max_commands - self.stats.consumed
+                records = [m for m in arrived(consumer, budget, POLL_TIMEOUT_S) if _no_error(m)]
+                self.metrics.sample_lag(consumer)
+                for message in records:
+                    self._handle(message, letters)
+                    consumer.commit(message=message, asynchronous=False)  # after it was applied
+                    self.stats.consumed += 1
+                if records:
+                    last_input = time.monotonic()
+                elif idle_timeout is not None and time.monotonic() - last_input >= idle_timeout:
+                    break
+        finally:
+            consumer.close()
+            letters.flush(10.0)
+            client.close()
+            self._client = None
+            if stop_serving is not None:
+                stop_serving()
+        return self.stats
+
+    def _consumer_config(self) -> ClientConfig:
+        return consumer_config(self.bootstrap, self.group_id, read_committed=True)
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            raise RuntimeError("the executor is not running")
+        return self._client
+
+    def _handle(self, message: Message, letters: Producer) -> None:
+        """One record: a valid command is applied or skipped; anything else is dead-lettered."""
+        value = message.value()
+        error: str | SchemaError
+        try:
+            event = decode(value)
+        except SchemaError as invalid:
+            error = invalid
+        else:
+            if isinstance(event, RelaunchCommand):
+                self.apply(event)
+                return
+            error = (
+                f"unexpected {event.EVENT_TYPE} on the commands topic (only relaunch_command is carried out)"
+            )
+        letter = dead_letter_for(
+            value, message.topic(), message.partition(), message.offset(), error, stage="executor"
+        )
+        produce_with_backpressure(letters, self.topics.dead_letters, encode(letter), message.key())
+        if letters.flush(30.0):  # delivered before the offset is committed: never lost
+            raise KafkaException(f"dead letter of offset {message.offset()} undelivered")
+        self.stats.dead_letters += 1
+        self.metrics.dead_letters.count(error)
+        log.warning("dead letter: offset %s of %s: %s", message.offset(), message.topic(), letter.error)
+
+    def apply(self, command: RelaunchCommand) -> Decision:
+        """Carry out ``command`` unless it was applied before or names no live attempt; return what
+        was decided."""
+        applied_key = applied_metadata_key(command.command_id)
+        if not self.book.is_applied(command.command_id) and self.client.get_metadata(applied_key, None):
+            self.book.mark_applied(command.command_id)  # by an earlier executor
+        record = self._record(command)
+        decision = self.book.decide(command)
+        if isinstance(decision, Skip):
+            self.stats.skipped += 1
+            self.metrics.skipped(decision.kind)
+            log.info(
+                "command %s: %s of job %s task %s attempt %s skipped (%s): %s",
+                command.command_id[:12],
+                command.action,
+                command.job_id,
+                command.task_id,
+                command.attempt,
+                decision.kind,
+                decision.reason,
+            )
+            return decision
+        assert record is not None  # the book knows only tasks whose record was read
+        detail = self._carry_out(decision, record)
+        self.client.set_metadata(applied_key, {"action": command.action, "at": time.time()})
+        self.book.mark_applied(command.command_id)
+        self.stats.applied += 1
+        self.metrics.commands.labels(command.action).inc()
+        self._sync_stats()
+        log.info(
+            "command %s: applied %s of job %s task %s attempt %s (%s)",
+            command.command_id[:12],
+            command.action,
+            command.job_id,
+            command.task_id,
+            command.attempt,
+            detail,
+        )
+        return decision
+
+    def _record(self, command: RelaunchCommand) -> TaskRecord | None:
+        """The task's published record, its attempts' states told to the book (None: unknown task)."""
+        name = task_record_name(command.job_id, command.task_id)
+        record = TaskRecord.from_published(self.client.get_dataset(name, default=None))
+        if record is None:
+            return None
+        statuses = {n: FUTURE_STATUS.get(f.status, "live") for n, f in record.attempts.items()}
+        self.book.observe(record.job_id, record.task_id, record.copyable, statuses, time.time())
+        for future in record.attempts.values():
+            self._watch(future)
+        self.metrics.tasks.set(self.book.tracked)
+        return record
+
+    def _watch(self, future: Future) -> None:
+        """Tell the book when the attempt ends (Dask calls back from its own thread)."""
+        if future.key in self._watched:
+            return
+        self._watched.add(future.key)
+        parsed = parse_attempt_key(future.key)
+        if parsed is None:
+            return
+        job_id, task_id, attempt = parsed
+
+        def ended(done: Future) -> None:
+            status = FUTURE_STATUS.get(str(done.status), "killed")
+            self._ended.put((job_id, task_id, attempt, status, time.time()))
+
+        future.add_done_callback(ended)
+
+    def _book_ended_attempts(self) -> None:
+        while True:
+            try:
+                job_id, task_id, attempt, status, at = self._ended.get_nowait()
+            except queue.Empty:
+                break
+            self.book.attempt_ended(job_id, task_id, attempt, status, at)
+        self._sync_stats()
+
+    def _sync_stats(self) -> None:
+        self.stats.copies_won, self.stats.copies_lost = self.book.copies_won, self.book.copies_lost
+        self.stats.extra_machine_seconds = self.book.extra_machine_seconds
+
+    def _carry_out(self, decision: Copy | Kill | Relaunch, record: TaskRecord) -> str:
+        """Act on the cluster; return what was done, for the log line."""
+        attempt = record.attempts[decision.attempt]
+        worker = self._worker_of(attempt.key)
+        if isinstance(decision, Kill):
+            return self._kill(decision.job_id, decision.task_id, decision.attempt, attempt, worker)
+        others = [w for w in self.client.scheduler_info()["workers"] if w != worker] or None
+        new = self.client.submit(
+            run_attempt,
+            record.call,
+            record.job_id,
+            record.task_id,
+            decision.new_attempt,
+            key=attempt_key(record.job_id, record.task_id, decision.new_attempt),
+            pure=False,
+            workers=others,
+            allow_other_workers=isinstance(decision, Relaunch),  # a copy must not share the original's worker
+        )
+        record.attempts[decision.new_attempt] = new
+        name = task_record_name(record.job_id, record.task_id)
+        self.client.publish_dataset(record.published(), name=name, override=True)
+        Queue(attempts_queue_name(record.job_id), client=self.client).put(new)  # the adapter's future sees it
+        self.book.attempt_added(record.job_id, record.task_id, decision.new_attempt, time.time())
+        self._watch(new)
+        where = "any worker" if others is None else "another worker"
+        started = f"attempt {decision.new_attempt} started on {where}"
+        if isinstance(decision, Copy):
+            return started
+        killed = self._kill(decision.job_id, decision.task_id, decision.attempt, attempt, worker)
+        return f"{started}; {killed}"
+
+    def _worker_of(self, key: Any) -> str | None:
+        """The worker the scheduler has the attempt processing on (None: queued, or not running)."""
+        for worker, keys in self.client.processing().items():
+            if any(_same_key(k, key) for k in keys):
+                return str(worker)
+        return None
+
+    def _kill(self, job_id: str, task_id: str, attempt: int, future: Future, worker: str | None) -> str:
+        """Cancel the attempt and free its worker's slot: wait ``kill_grace`` for its thread to
+        return, else restart the worker. Returns how long that took, and how."""
+        started = time.monotonic()
+        self.client.cancel([future], force=True)
+        freed_by = "returned"
+        if worker is not None:
+            while self._running_on(worker, future.key):
+                if time.monotonic() - started >= self.kill_grace:
+                    self.client.restart_workers([worker], timeout=RESTART_TIMEOUT_S)
+                    freed_by = "restart"
+                    break
+                time.sleep(0.05)
+        took = time.monotonic() - started
+        self.metrics.kill_seconds.labels(freed_by).observe(took)
+        self.book.attempt_ended(job_id, task_id, attempt, "killed", time.time())
+        how = "its thread returned" if freed_by == "returned" else "its worker was restarted"
+        return f"attempt {attempt} killed, slot on {worker or 'no worker'} freed in {took:.2f} s ({how})"
+
+    def _running_on(self, worker: str, key: Any) -> bool:
+        """Whether a thread of ``worker`` still runs the task ``key``."""
+        try:
+            answers = self.client.run(_runs_key, key, workers=[worker])
+        except (OSError, KeyError):  # the worker is gone: nothing runs there
+            return False
+        return bool(answers.get(worker, False))
+
+
+def _runs_key(key: Any, dask_worker: Any = None) -> bool:
+    """On a worker (`Client.run`): whether one of its threads runs ``key``."""
+    return any(_same_key(running, key) for running in dask_worker.active_keys)
+
+
+def _same_key(a: Any, b: Any) -> bool:
+    """Keys compared across the wire, where a tuple may arrive as a list."""
+    return _plain(a) == _plain(b)
+
+
+def _plain(key: Any) -> Any:
+    return tuple(_plain(part) for part in key) if isinstance(key, list | tuple) else key
+
+
+def _no_error(message: Message) -> bool:
+    error = message.error()
+    if error is None:
+        return True
+    if error.fatal():
+        raise KafkaException(error)
+    log.warning("consumer: %s", error)
+    return False

@@ -1,0 +1,181 @@
+"""The Dask adapter: submit a job's tasks so straggler-stream can watch them and copy a straggler,
+and get each task's result from whichever of its attempts finishes first.
+
+``SpeculativeClient(client, bootstrap)`` registers the telemetry plugin (`producers.dask_telemetry`)
+on the workers; ``with speculative.job("job-1", expected_tasks=N) as job`` announces the job (and its
+end on leaving), ``job.submit(fn, *args, pure=True)`` runs ``fn`` as attempt 0 of a task and returns a
+`SpeculativeFuture`. The command executor (`consumers.dask_executor`) may add attempts (a copy, a
+relaunch); the future resolves to the first attempt that finishes.
+
+Only tasks submitted here can be copied, and only those submitted with ``pure=True`` (the default,
+as in ``Client.submit``): a copy runs the function a second time, at the same time as the first, so
+a task with side effects (writes a file, a row, a message) would do them twice. Pass ``pure=False``
+for such a task: the executor never copies nor relaunches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from distributed import Client, Future, Queue, wait
+
+from producers.dask_telemetry import DEFAULT_INTERVAL_S, FEATURE_NAMES, PLUGIN_NAME, DaskTelemetry
+from producers.telemetry import TelemetryProducer
+from straggler.dask_tasks import (
+    TaskCall,
+    TaskRecord,
+    attempt_key,
+    attempts_queue_name,
+    parse_attempt_key,
+    run_attempt,
+    task_record_name,
+)
+from straggler.kafka.names import TopicNames
+
+POLL_S = 0.2
+"""How often a waiting result looks for attempts the executor added."""
+
+
+class SpeculativeClient:
+    """A Dask ``Client`` whose jobs straggler-stream watches (telemetry) and may copy (executor)."""
+
+    def __init__(
+        self,
+        client: Client,
+        bootstrap: str,
+        *,
+        topic_prefix: str = "",
+        interval: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        self.client = client
+        client.register_plugin(DaskTelemetry(bootstrap, topic_prefix=topic_prefix, interval=interval))
+        self._sdk = TelemetryProducer(bootstrap, topics=TopicNames(topic_prefix), source="dask")
+
+    def job(self, job_id: str, expected_tasks: int) -> SpeculativeJob:
+        """A job of ``expected_tasks`` tasks; use it as a context manager (start and end are reported)."""
+        return SpeculativeJob(self.client, self._sdk, job_id, expected_tasks)
+
+    def close(self) -> None:
+        """Deliver what was reported and remove the plugin from the workers."""
+        self._sdk.close()
+        self.client.unregister_worker_plugin(PLUGIN_NAME)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SpeculativeJob:
+    """One job's tasks on the cluster; made by `SpeculativeClient.job`."""
+
+    def __init__(self, client: Client, sdk: TelemetryProducer, job_id: str, expected_tasks: int) -> None:
+        self.client, self._sdk = client, sdk
+        self.job_id, self.expected_tasks = job_id, expected_tasks
+        self._tasks: dict[str, SpeculativeFuture] = {}
+        self._numbers = itertools.count()
+        self._added = Queue(attempts_queue_name(job_id), client=client)
+
+    def __enter__(self) -> Self:
+        self._sdk.start_job(self.job_id, self.expected_tasks, feature_names=FEATURE_NAMES)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Report the job's end and drop its tasks from the scheduler (attempts still running, the
+        losers of races, are cancelled)."""
+        self._sdk.end_job(self.job_id)
+        self.poll_added_attempts()
+        for task_id, future in self._tasks.items():
+            self.client.unpublish_dataset(task_record_name(self.job_id, task_id))
+            live = [f for f in future.attempts.values() if not f.done()]
+            if live:
+                self.client.cancel(live, force=True)
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, task_id: str | None = None, pure: bool = True, **kwargs: Any
+    ) -> SpeculativeFuture:
+        """Run ``fn(*args, **kwargs)`` as a task of the job (``task_id`` defaults to its number);
+        ``pure=False`` for a task with side effects, which is then never copied."""
+        task_id = str(next(self._numbers)) if task_id is None else task_id
+        if task_id in self._tasks:
+            raise ValueError(f"job {self.job_id!r} already has a task {task_id!r}")
+        call = TaskCall(fn, args, kwargs, kind=getattr(fn, "__name__", type(fn).__name__))
+        [scattered] = self.client.scatter([call], hash=False)
+        first = self.client.submit(
+            run_attempt,
+            scattered,
+            self.job_id,
+            task_id,
+            0,
+            key=attempt_key(self.job_id, task_id, 0),
+            pure=False,
+        )
+        record = TaskRecord(self.job_id, task_id, scattered, {0: first}, copyable=pure)
+        self.client.publish_dataset(record.published(), name=task_record_name(self.job_id, task_id))
+        future = SpeculativeFuture(self, task_id, {0: first})
+        self._tasks[task_id] = future
+        return future
+
+    def map(
+        self, fn: Callable[..., Any], items: Iterable[Any], *, pure: bool = True
+    ) -> list[SpeculativeFuture]:
+        """``submit(fn, item)`` for each item, task ids 0, 1, ..."""
+        return [self.submit(fn, item, pure=pure) for item in items]
+
+    def gather(self, futures: Sequence[SpeculativeFuture], timeout: float | None = None) -> list[Any]:
+        """Each future's result, in order."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return [
+            f.result(None if deadline is None else max(deadline - time.monotonic(), 0.0)) for f in futures
+        ]
+
+    def poll_added_attempts(self) -> None:
+        """Take the attempts the executor added to this job's tasks off the job's queue."""
+        with self.client.as_current():  # the futures taken off the queue are bound to the current client
+            added_attempts = self._added.get(batch=True)
+        for added in added_attempts:
+            parsed = parse_attempt_key(getattr(added, "key", None))
+            if parsed is not None and parsed[1] in self._tasks:
+                self._tasks[parsed[1]].attempts.setdefault(parsed[2], added)
+
+
+class SpeculativeFuture:
+    """A task's result: that of the first of its attempts to finish."""
+
+    def __init__(self, job: SpeculativeJob, task_id: str, attempts: dict[int, Future]) -> None:
+        self.job, self.task_id = job, task_id
+        self.attempts = attempts
+        """Attempt number -> its Dask future (the executor's copies and relaunches join as they come)."""
+        self.winner: int | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the first attempt that finishes and return its result; raise the error of a failed
+        attempt once no attempt is left running, `TimeoutError` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.job.poll_added_attempts()
+            for number, attempt in sorted(self.attempts.items()):
+                if attempt.status == "finished":
+                    self.winner = number
+                    return attempt.result()
+            live = [a for a in self.attempts.values() if not a.done()]
+            failed = [a for a in self.attempts.values() if a.status == "error"]
+            if not live and failed:
+                return failed[0].result()  # raises the attempt's error
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"task {self.task_id!r} of job {self.job.job_id!r} not done in {timeout} s"
+                )
+            if live:
+                with contextlib.suppress(TimeoutError), self.job.client.as_current():
+                    wait(live, timeout=POLL_S, return_when="FIRST_COMPLETED")
+            else:  # every attempt cancelled: a relaunch's new attempt is on its way
+                time.sleep(POLL_S)
