@@ -41,7 +41,7 @@ from confluent_kafka import Consumer, KafkaException, Message, Producer
 from distributed import Client, Future, Queue
 
 from consumers.executor_metrics import ExecutorMetrics, ExecutorStats
-from consumers.mitigation import POLL_TIMEOUT_S
+from consumers.mitigation import ASSIGNMENT_WAIT_S, MEMBER_TIMEOUT_MS, POLL_TIMEOUT_S
 from schemas import RelaunchCommand, SchemaError, dead_letter_for, decode, encode
 from straggler.core.execution import AttemptStatus, Copy, Decision, ExecutionBook, Kill, Relaunch, Skip
 from straggler.dask_tasks import (
@@ -67,6 +67,13 @@ CONNECT_TIMEOUT_S = 30.0
 """How long to wait for the scheduler at start."""
 RESTART_TIMEOUT_S = 60.0
 """Longest wait for a restarted worker to come back."""
+SCHEDULER_STATE: dict[str, AttemptStatus] = {
+    "memory": "finished",
+    "erred": "failed",
+    "released": "killed",
+    "forgotten": "killed",
+}
+"""A task's state on the scheduler as an attempt's (any other state: waiting, queued, processing: live)."""
 FUTURE_STATUS: dict[str, AttemptStatus] = {"finished": "finished", "error": "failed", "cancelled": "killed"}
 """A Dask future's status as an attempt's (any other status: still live)."""
 
@@ -118,8 +125,9 @@ class DaskExecutor:
             else serve(self.metrics.registry, self.metrics_port, self.metrics_host)
         )
         try:
-            consumer.subscribe([self.topics.commands])
-            last_input = time.monotonic()
+            assigned = threading.Event()
+            consumer.subscribe([self.topics.commands], on_assign=lambda *_: assigned.set())
+            last_input = started = time.monotonic()
             while not (stop is not None and stop.is_set()):
                 if max_commands is not None and self.stats.consumed >= max_commands:
                     break
@@ -133,7 +141,7 @@ class DaskExecutor:
                     self.stats.consumed += 1
                 if records:
                     last_input = time.monotonic()
-                elif idle_timeout is not None and time.monotonic() - last_input >= idle_timeout:
+                elif idle_timeout is not None and _idle(assigned.is_set(), started, last_input, idle_timeout):
                     break
         finally:
             consumer.close()
@@ -145,7 +153,9 @@ class DaskExecutor:
         return self.stats
 
     def _consumer_config(self) -> ClientConfig:
-        return consumer_config(self.bootstrap, self.group_id, read_committed=True)
+        config = consumer_config(self.bootstrap, self.group_id, read_committed=True)
+        config["session.timeout.ms"] = MEMBER_TIMEOUT_MS  # a killed executor's partitions move sooner
+        return config
 
     @property
     def client(self) -> Client:
@@ -224,7 +234,10 @@ class DaskExecutor:
         record = TaskRecord.from_published(self.client.get_dataset(name, default=None))
         if record is None:
             return None
-        statuses = {n: FUTURE_STATUS.get(f.status, "live") for n, f in record.attempts.items()}
+        numbers = sorted(record.attempts)
+        keys = [record.attempts[n].key for n in numbers]
+        states = self.client.run_on_scheduler(_scheduler_states, keys)  # a fresh future's status lags
+        statuses = dict(zip(numbers, states, strict=True))
         self.book.observe(record.job_id, record.task_id, record.copyable, statuses, time.time())
         for future in record.attempts.values():
             self._watch(future)
@@ -326,6 +339,16 @@ class DaskExecutor:
         return bool(answers.get(worker, False))
 
 
+def _scheduler_states(keys: list[Any], dask_scheduler: Any = None) -> list[AttemptStatus]:
+    """On the scheduler (`Client.run_on_scheduler`): each attempt's state as the scheduler has it now."""
+    states: list[AttemptStatus] = []
+    for key in keys:
+        task = dask_scheduler.tasks.get(_plain(key))
+        state = "forgotten" if task is None else task.state
+        states.append(SCHEDULER_STATE.get(state, "live"))
+    return states
+
+
 def _runs_key(key: Any, dask_worker: Any = None) -> bool:
     """On a worker (`Client.run`): whether one of its threads runs ``key``."""
     return any(_same_key(running, key) for running in dask_worker.active_keys)
@@ -338,6 +361,16 @@ def _same_key(a: Any, b: Any) -> bool:
 
 def _plain(key: Any) -> Any:
     return tuple(_plain(part) for part in key) if isinstance(key, list | tuple) else key
+
+
+def _idle(assigned: bool, started: float, last_input: float, idle_timeout: float) -> bool:
+    """Whether a bounded run is over: ``idle_timeout`` without input once assigned; before its
+    first assignment (a killed member's partitions are held until its session expires) it waits
+    at least `ASSIGNMENT_WAIT_S`, as the mitigator does."""
+    now = time.monotonic()
+    if assigned:
+        return now - last_input >= idle_timeout
+    return now - started >= max(idle_timeout, ASSIGNMENT_WAIT_S)
 
 
 def _no_error(message: Message) -> bool:

@@ -80,6 +80,8 @@ class ExecutorMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
             registry=r,
         )
+        for freed_by in FREED_BY:
+            self.kill_seconds.labels(freed_by)
         self.lag = LagGauge("straggler_executor_consumer_lag", "command records not yet consumed", r)
         self.tasks = Gauge("straggler_executor_tasks", "tasks whose attempts the executor tracks", registry=r)
 

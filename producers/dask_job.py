@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import CancelledError
 from types import TracebackType
 from typing import Any, Self
 
@@ -175,7 +176,8 @@ class SpeculativeFuture:
                     f"task {self.task_id!r} of job {self.job.job_id!r} not done in {timeout} s"
                 )
             if live:
-                with contextlib.suppress(TimeoutError), self.job.client.as_current():
+                # cancelled meanwhile (a kill, a relaunch): the loop looks again
+                with contextlib.suppress(TimeoutError, CancelledError), self.job.client.as_current():
                     wait(live, timeout=POLL_S, return_when="FIRST_COMPLETED")
             else:  # every attempt cancelled: a relaunch's new attempt is on its way
                 time.sleep(POLL_S)

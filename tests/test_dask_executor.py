@@ -6,6 +6,9 @@ malformed commands are dead-lettered with their reason."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -14,17 +17,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cloudpickle
+import orjson
 import pytest
 from confluent_kafka import Producer
 from distributed import Client, LocalCluster
 from test_telemetry import read_all
 
 from consumers.dask_executor import DaskExecutor
-from producers.dask_job import SpeculativeClient
+from producers.dask_job import SpeculativeClient, SpeculativeJob
 from producers.dask_telemetry import FEATURE_NAMES
-from schemas import JobEvent, RelaunchCommand, TaskCheckpoint, command_id, encode
+from schemas import DeadLetter, JobEvent, RelaunchCommand, TaskCheckpoint, command_id, encode
 from schemas.events import Action
-from straggler.dask_tasks import cancelled
+from straggler.dask_tasks import TaskRecord, cancelled, task_record_name
 from straggler.kafka.config import producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
@@ -120,17 +124,30 @@ class ExecutorThread:
         self.thread.join(30)
 
 
+@contextlib.contextmanager
+def job_under(
+    executor: DaskExecutor, client: Client, tasks: int, interval: float = 2.0
+) -> Iterator[SpeculativeJob]:
+    """A new job of the adapter (telemetry every ``interval`` s) whose commands ``executor``, running
+    in a thread meanwhile, carries out."""
+    topic_prefix = executor.topics.prefix
+    with (
+        ExecutorThread(executor),
+        SpeculativeClient(
+            client, executor.bootstrap, topic_prefix=topic_prefix, interval=interval
+        ) as speculative,
+        speculative.job(f"dask-{uuid.uuid4().hex[:8]}", expected_tasks=tasks) as job,
+    ):
+        yield job
+
+
 def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_frees_its_slot(
     kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    job_id = f"dask-{uuid.uuid4().hex[:8]}"
     marker = tmp_path / "first-attempt"
     executor = DaskExecutor(kafka_bootstrap, cluster.scheduler_address, topics=topics, kill_grace=0.5)
-    with (
-        ExecutorThread(executor),
-        SpeculativeClient(client, kafka_bootstrap, topic_prefix=topics.prefix, interval=0.3) as speculative,
-        speculative.job(job_id, expected_tasks=2) as job,
-    ):
+    with job_under(executor, client, tasks=2, interval=0.3) as job:
+        job_id = job.job_id
         quick = job.submit(run_until_cancelled, 0.0, task_id="quick")
         hung = job.submit(hang_the_first_time, str(marker), 7, task_id="hung")
         assert quick.result(WAIT_S) == "done"
@@ -164,3 +181,167 @@ def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_fre
     assert original[0].features["input_mb"] > 0 and original[0].features["memory_mb"] > 10
     events = [event for _, event in read_all(kafka_bootstrap, topics.job_events)]
     assert [e.event for e in events if isinstance(e, JobEvent) and e.job_id == job_id] == ["started", "ended"]
+
+
+def wait_until_cancelled_the_first_time(marker: str, x: int) -> int:
+    """A straggler that checks `cancelled()`: the first attempt waits until it is stopped."""
+    try:
+        Path(marker).touch(exist_ok=False)
+    except FileExistsError:
+        return x * 10
+    return -1 if run_until_cancelled(600) else -2
+
+
+def test_a_relaunch_restarts_the_task_and_a_cooperative_attempt_frees_its_slot_at_once(
+    kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    marker = tmp_path / "first-attempt"
+    executor = DaskExecutor(kafka_bootstrap, cluster.scheduler_address, topics=topics, kill_grace=10.0)
+    with job_under(executor, client, tasks=1) as job:
+        job_id = job.job_id
+        slow = job.submit(wait_until_cancelled_the_first_time, str(marker), 4, task_id="slow")
+        wait_for(marker.exists, "the first attempt to start")
+        send(kafka_bootstrap, topics.commands, job_id, encode(command(job_id, "slow", "relaunch", 0)))
+        assert slow.result(WAIT_S) == 40
+        assert slow.winner == 1 and slow.attempts[0].status == "cancelled"
+        wait_for(lambda: executor.stats.applied == 1, "the relaunch")
+    registry = executor.metrics.registry
+    freed = {"freed_by": "returned"}
+    assert registry.get_sample_value("straggler_executor_kill_seconds_count", freed) == 1
+    took = registry.get_sample_value("straggler_executor_kill_seconds_sum", freed)
+    assert took is not None and took < 2.0  # it saw cancelled() within its 20 ms poll: no restart
+    assert registry.get_sample_value("straggler_executor_kill_seconds_count", {"freed_by": "restart"}) == 0
+
+
+def test_commands_for_unknown_or_finished_tasks_are_skipped_and_counted(
+    kafka_bootstrap: str,
+    topics: TopicNames,
+    client: Client,
+    cluster: LocalCluster,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    executor = DaskExecutor(kafka_bootstrap, cluster.scheduler_address, topics=topics)
+    with (
+        caplog.at_level("INFO", logger="consumers.dask_executor"),
+        job_under(executor, client, tasks=1) as job,
+    ):
+        job_id = job.job_id
+        assert job.submit(run_until_cancelled, 0.0, task_id="done").result(WAIT_S) == "done"
+        unknown = command("no-such-job", "t", "duplicate", 0)
+        finished = command(job_id, "done", "duplicate", 0)
+        send(kafka_bootstrap, topics.commands, "no-such-job", encode(unknown))
+        send(kafka_bootstrap, topics.commands, job_id, encode(finished))
+        wait_for(lambda: executor.stats.consumed == 2, "both commands")
+    assert (executor.stats.applied, executor.stats.skipped) == (0, 2)
+    registry = executor.metrics.registry
+    for kind in ("unknown_task", "finished_task"):
+        assert registry.get_sample_value("straggler_executor_skips_total", {"kind": kind}) == 1, kind
+    assert registry.get_sample_value("straggler_executor_skipped_total") == 2
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert any(unknown.command_id[:12] in line and "(unknown_task)" in line for line in skipped), skipped
+    assert any(finished.command_id[:12] in line and "(finished_task)" in line for line in skipped), skipped
+
+
+def test_a_malformed_command_is_dead_lettered_with_its_reason(
+    kafka_bootstrap: str, topics: TopicNames, cluster: LocalCluster
+) -> None:
+    valid = command("j", "t", "duplicate", 0).to_dict()
+    no_action = orjson.dumps({k: v for k, v in valid.items() if k != "action"})
+    bad_action = orjson.dumps({**valid, "action": "explode"})
+    send(kafka_bootstrap, topics.commands, "j", b"not json", no_action, bad_action)
+    executor = DaskExecutor(kafka_bootstrap, cluster.scheduler_address, topics=topics)
+    with ExecutorThread(executor):
+        wait_for(lambda: executor.stats.consumed == 3, "the three records")
+    assert (executor.stats.dead_letters, executor.stats.applied, executor.stats.skipped) == (3, 0, 0)
+    letters = [event for _, event in read_all(kafka_bootstrap, topics.dead_letters)]
+    assert all(isinstance(letter, DeadLetter) and letter.stage == "executor" for letter in letters)
+    by_payload = {letter.raw_payload: letter for letter in letters if isinstance(letter, DeadLetter)}
+    assert set(by_payload) == {"not json", no_action.decode(), bad_action.decode()}
+    assert "not valid JSON" in by_payload["not json"].error
+    assert "relaunch_command.action" in by_payload[no_action.decode()].error
+    assert "required" in by_payload[no_action.decode()].error
+    assert "relaunch_command.action" in by_payload[bad_action.decode()].error
+    assert sorted(letter.source_offset for letter in by_payload.values()) == [0, 1, 2]
+    assert {letter.source_topic for letter in by_payload.values()} == {topics.commands}
+    registry = executor.metrics.registry
+    assert registry.get_sample_value("straggler_executor_dead_letters_total", {"kind": "payload"}) == 1
+    assert registry.get_sample_value("straggler_executor_dead_letters_total", {"kind": "schema"}) == 2
+
+
+class ExecutorProcess:
+    """``straggler dask-executor`` as a process of its own, its log lines collected as they come."""
+
+    def __init__(self, bootstrap: str, scheduler: str, topics: TopicNames, group: str, *extra: str) -> None:
+        argv = ["--bootstrap", bootstrap, "--scheduler", scheduler, "--topic-prefix", topics.prefix]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "straggler.cli", "dask-executor", *argv, "--group", group, *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        self.lines.extend(iter(self.process.stderr.readline, ""))
+
+    def applied(self, commands: list[RelaunchCommand]) -> list[str]:
+        """The ids of ``commands`` this process logged as applied, once per log line."""
+        return [
+            c.command_id
+            for c in commands
+            for line in self.lines
+            if f"command {c.command_id[:12]}: applied" in line
+        ]
+
+    def stop(self, sig: int = signal.SIGTERM) -> str:
+        """Send ``sig``, wait for the exit; return what it printed on stdout."""
+        self.process.send_signal(sig)
+        stdout, _ = self.process.communicate(timeout=WAIT_S)
+        self._reader.join(10)
+        return stdout
+
+
+def test_a_killed_and_restarted_executor_applies_every_command_once(
+    kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster
+) -> None:
+    job_id = f"dask-{uuid.uuid4().hex[:8]}"
+    group = f"{topics.prefix}executor"
+    scheduler = cluster.scheduler_address
+    with (
+        SpeculativeClient(client, kafka_bootstrap, topic_prefix=topics.prefix) as speculative,
+        speculative.job(job_id, expected_tasks=4) as job,
+    ):
+        tasks = [f"t{i}" for i in range(4)]
+        for task_id in tasks:
+            job.submit(run_until_cancelled, 120.0, task_id=task_id)
+        commands = [command(job_id, task_id, "duplicate", 0) for task_id in tasks]
+
+        first = ExecutorProcess(kafka_bootstrap, scheduler, topics, group)
+        send(kafka_bootstrap, topics.commands, job_id, *(encode(c) for c in commands[:2]))
+        wait_for(lambda: len(first.applied(commands)) == 2, "the first executor to apply two commands")
+        first.stop(signal.SIGKILL)  # no clean exit: whatever it had not committed comes again
+        send(kafka_bootstrap, topics.commands, job_id, *(encode(c) for c in commands[2:]))
+        second = ExecutorProcess(kafka_bootstrap, scheduler, topics, group)
+        wait_for(
+            lambda: len(first.applied(commands) + second.applied(commands)) >= 4,
+            "the rest, after the restart",
+        )
+        assert second.process.poll() is None
+        assert second.stop() != ""  # a clean stop prints its counts
+
+        # every command again, to an executor of a new group: the ids are known on the cluster
+        again = ExecutorProcess(kafka_bootstrap, scheduler, topics, f"{group}-again", "--idle-timeout", "2")
+        assert again.process.wait(WAIT_S) == 0
+        again._reader.join(10)
+        stats = orjson.loads(again.process.communicate()[0])
+
+        applied = first.applied(commands) + second.applied(commands) + again.applied(commands)
+        assert sorted(applied) == sorted(c.command_id for c in commands)  # each once: none twice, none lost
+        assert (stats["consumed"], stats["applied"], stats["skipped"]) == (4, 0, 4)
+        assert sum("skipped (applied)" in line for line in again.lines) == 4
+        for task_id in tasks:
+            record = TaskRecord.from_published(client.get_dataset(task_record_name(job_id, task_id)))
+            assert record is not None and sorted(record.attempts) == [0, 1], task_id  # one copy each
