@@ -320,15 +320,28 @@ class DaskExecutor:
         if worker is not None:
             while self._running_on(worker, future.key):
                 if time.monotonic() - started >= self.kill_grace:
-                    self.client.restart_workers([worker], timeout=RESTART_TIMEOUT_S)
-                    freed_by = "restart"
+                    freed_by = self._restart(worker)
                     break
                 time.sleep(0.05)
         took = time.monotonic() - started
         self.metrics.kill_seconds.labels(freed_by).observe(took)
         self.book.attempt_ended(job_id, task_id, attempt, "killed", time.time())
+        if freed_by == "stuck":
+            return (
+                f"attempt {attempt} cancelled, but it still runs on {worker}: its slot frees when it returns"
+            )
         how = "its thread returned" if freed_by == "returned" else "its worker was restarted"
         return f"attempt {attempt} killed, slot on {worker or 'no worker'} freed in {took:.2f} s ({how})"
+
+    def _restart(self, worker: str) -> str:
+        """Restart ``worker`` under its nanny; "restart", or "stuck" when it cannot be (no nanny, or
+        it did not come back in time): the kill is applied all the same, and said to be partial."""
+        try:
+            self.client.restart_workers([worker], timeout=RESTART_TIMEOUT_S)
+        except Exception as exc:  # any failure: the attempt is cancelled already, carry on
+            log.error("could not restart worker %s to stop a killed attempt: %s", worker, exc)
+            return "stuck"
+        return "restart"
 
     def _running_on(self, worker: str, key: Any) -> bool:
         """Whether a thread of ``worker`` still runs the task ``key``."""

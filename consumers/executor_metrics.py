@@ -24,9 +24,10 @@ from straggler.metrics_export import (
     process_registry,
 )
 
-FREED_BY = ("returned", "restart")
+FREED_BY = ("returned", "restart", "stuck")
 """How a killed attempt's slot was freed: its thread returned (it checked `cancelled()`, finished, or
-had not started), or its worker was restarted (it ran on past the grace period)."""
+had not started), or its worker was restarted (it ran on past the grace period); or not: the worker
+could not be restarted (no nanny), so the slot frees only when the function returns."""
 
 
 @dataclass

@@ -45,6 +45,8 @@ FEATURE_NAMES = (
 its disk reads and writes and the machine's network traffic since the last sample, the task's input
 size, the tasks waiting on the worker, and the task's kind (its function's name) as a number."""
 MB = 1e6
+CLOSE_TIMEOUT_S = 5.0
+"""Longest a closing worker waits for its last reports to be delivered."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class DaskTelemetry(WorkerPlugin):
     def teardown(self, worker: Worker) -> None:
         if self._thread is not None:
             self._events.put(None)
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=CLOSE_TIMEOUT_S + 1.0)
 
     def attempt_started(self, info: AttemptInfo) -> None:
         self._events.put(_Started(info))
@@ -161,7 +163,10 @@ class DaskTelemetry(WorkerPlugin):
         except Exception:  # telemetry must never take the worker down: say why it stopped
             log.exception("dask telemetry stopped")
         finally:
-            sdk.close()
+            try:
+                sdk.close(CLOSE_TIMEOUT_S)
+            except Exception as exc:  # a broker that is gone must not hold the worker's shutdown
+                log.warning("dask telemetry: reports lost at close: %s", exc)
 
 
 def _send(sdk: TelemetryProducer, info: AttemptInfo, load: dict[str, float], status: Any, at: float) -> None:

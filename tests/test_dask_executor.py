@@ -345,3 +345,29 @@ def test_a_killed_and_restarted_executor_applies_every_command_once(
         for task_id in tasks:
             record = TaskRecord.from_published(client.get_dataset(task_record_name(job_id, task_id)))
             assert record is not None and sorted(record.attempts) == [0, 1], task_id  # one copy each
+
+
+def test_telemetry_reports_a_queued_attempts_start_when_it_begins_executing(
+    kafka_bootstrap: str, topics: TopicNames, client: Client
+) -> None:
+    """One task more than workers: the last one waits in a queue for a free worker, and its start is
+    when it began to execute there, not when it was submitted."""
+    with (
+        SpeculativeClient(client, kafka_bootstrap, topic_prefix=topics.prefix, interval=0.5) as speculative,
+        speculative.job(f"dask-{uuid.uuid4().hex[:8]}", expected_tasks=WORKERS + 1) as job,
+    ):
+        submitted = time.time()
+        futures = [job.submit(run_until_cancelled, 1.5, task_id=f"t{i}") for i in range(WORKERS + 1)]
+        assert job.gather(futures, timeout=WAIT_S) == ["done"] * (WORKERS + 1)
+    reports = [e for _, e in read_all(kafka_bootstrap, topics.checkpoints) if isinstance(e, TaskCheckpoint)]
+    starts = {r.task_id: r.start_time for r in reports if r.status == "running"}
+    ends = {r.task_id: r.checkpoint_time for r in reports if r.status == "finished"}
+    assert set(starts) == set(ends) == {f"t{i}" for i in range(WORKERS + 1)}
+    last = max(starts, key=lambda task: starts[task] or 0.0)
+    last_start = starts[last]
+    first_free = min(end for task, end in ends.items() if task != last)
+    assert last_start is not None and last_start >= first_free - 0.05  # it started once a worker was free
+    assert last_start - submitted > 1.0  # not at its submission
+    assert all(r.status != "running" or r.start_time == starts[r.task_id] for r in reports)
+    latencies = {r.task_id: r.latency for r in reports if r.status == "finished"}
+    assert all(latency is not None and 1.4 < latency < 3.0 for latency in latencies.values()), latencies
