@@ -103,7 +103,8 @@ class DaskExecutor:
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self._ended: queue.SimpleQueue[tuple[str, str, int, AttemptStatus, float]] = queue.SimpleQueue()
         """Attempts whose futures completed (from Dask's callback thread), for the book."""
-        self._watched: set[Any] = set()
+        self._watched: dict[Any, Future] = {}
+        """Attempts whose end the book waits for, by key: held, so their callbacks stay registered."""
         self._client: Client | None = None
 
     def run(
@@ -246,12 +247,10 @@ class DaskExecutor:
 
     def _watch(self, future: Future) -> None:
         """Tell the book when the attempt ends (Dask calls back from its own thread)."""
-        if future.key in self._watched:
-            return
-        self._watched.add(future.key)
         parsed = parse_attempt_key(future.key)
-        if parsed is None:
+        if parsed is None or future.key in self._watched:
             return
+        self._watched[future.key] = future
         job_id, task_id, attempt = parsed
 
         def ended(done: Future) -> None:
@@ -267,6 +266,7 @@ class DaskExecutor:
             except queue.Empty:
                 break
             self.book.attempt_ended(job_id, task_id, attempt, status, at)
+            self._watched.pop(attempt_key(job_id, task_id, attempt), None)
         self._sync_stats()
 
     def _sync_stats(self) -> None:
