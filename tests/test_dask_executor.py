@@ -213,7 +213,7 @@ def test_a_relaunch_restarts_the_task_and_a_cooperative_attempt_frees_its_slot_a
     assert registry.get_sample_value("straggler_executor_kill_seconds_count", {"freed_by": "restart"}) == 0
 
 
-def test_commands_for_unknown_or_finished_tasks_are_skipped_and_counted(
+def test_commands_for_unknown_finished_or_side_effecting_tasks_are_skipped_and_counted(
     kafka_bootstrap: str,
     topics: TopicNames,
     client: Client,
@@ -223,23 +223,32 @@ def test_commands_for_unknown_or_finished_tasks_are_skipped_and_counted(
     executor = DaskExecutor(kafka_bootstrap, cluster.scheduler_address, topics=topics)
     with (
         caplog.at_level("INFO", logger="consumers.dask_executor"),
-        job_under(executor, client, tasks=1) as job,
+        job_under(executor, client, tasks=2) as job,
     ):
         job_id = job.job_id
         assert job.submit(run_until_cancelled, 0.0, task_id="done").result(WAIT_S) == "done"
-        unknown = command("no-such-job", "t", "duplicate", 0)
-        finished = command(job_id, "done", "duplicate", 0)
-        send(kafka_bootstrap, topics.commands, "no-such-job", encode(unknown))
-        send(kafka_bootstrap, topics.commands, job_id, encode(finished))
-        wait_for(lambda: executor.stats.consumed == 2, "both commands")
-    assert (executor.stats.applied, executor.stats.skipped) == (0, 2)
+        writer = job.submit(run_until_cancelled, 60.0, task_id="writes", pure=False)  # side effects
+        skips = {
+            "unknown_task": command("no-such-job", "t", "duplicate", 0),
+            "finished_task": command(job_id, "done", "duplicate", 0),
+            "not_copyable": command(job_id, "writes", "duplicate", 0),
+        }
+        for skipped_command in skips.values():
+            send(kafka_bootstrap, topics.commands, skipped_command.job_id, encode(skipped_command))
+        wait_for(lambda: executor.stats.consumed == 3, "the three commands")
+        job.poll_added_attempts()
+        record = TaskRecord.from_published(client.get_dataset(task_record_name(job_id, "writes")))
+        assert sorted(writer.attempts) == [0] and record is not None and sorted(record.attempts) == [0]
+    assert (executor.stats.applied, executor.stats.skipped) == (0, 3)
     registry = executor.metrics.registry
-    for kind in ("unknown_task", "finished_task"):
+    for kind in skips:
         assert registry.get_sample_value("straggler_executor_skips_total", {"kind": kind}) == 1, kind
-    assert registry.get_sample_value("straggler_executor_skipped_total") == 2
-    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
-    assert any(unknown.command_id[:12] in line and "(unknown_task)" in line for line in skipped), skipped
-    assert any(finished.command_id[:12] in line and "(finished_task)" in line for line in skipped), skipped
+    assert registry.get_sample_value("straggler_executor_skipped_total") == 3
+    lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    for kind, skipped_command in skips.items():
+        assert any(f"{skipped_command.command_id[:12]}:" in line and f"({kind})" in line for line in lines), (
+            lines
+        )
 
 
 def test_a_malformed_command_is_dead_lettered_with_its_reason(
