@@ -16,6 +16,7 @@ from confluent_kafka import KafkaException
 from consumers.cli import EXIT_FAILED, EXIT_OK, add_bootstrap_argument, metrics_where, stopping_on_signals
 from straggler.argtypes import non_negative_float, positive_float, topic_prefix
 from straggler.kafka.names import TopicNames
+from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
 from straggler.metrics_export import add_metrics_arguments
 
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="exit after this many seconds without a command (default: run until stopped)",
     )
+    add_broker_timeout_argument(p)
     add_metrics_arguments(p)
     add_kafka_config_argument(p)
     p.set_defaults(func=_execute)
@@ -90,6 +92,8 @@ def _execute(args: argparse.Namespace) -> int:
     )
     stop = threading.Event()
     with stopping_on_signals(stop):
+        if not wait_for_broker(args.bootstrap, args.broker_timeout, stop=stop):  # else one line, exit 1
+            return EXIT_OK  # stopped before a broker answered
         try:
             stats = executor.run(stop=stop, idle_timeout=args.idle_timeout)
         except (KafkaException, OSError) as exc:  # no broker; no scheduler (Dask raises OSError)

@@ -57,6 +57,7 @@ from straggler.kafka.config import ClientConfig, consumer_config, producer_confi
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
+from straggler.kafka.reachability import quiet_librdkafka_logger
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,9 @@ class DaskExecutor:
         ``max_commands`` records are handled; return the counts."""
         client = Client(self.scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
         self._client = client
-        consumer = Consumer(self._consumer_config())
-        letters = Producer(producer_config(self.bootstrap))
+        quiet = {"logger": quiet_librdkafka_logger()}  # a broker gone: a line every few minutes
+        consumer = Consumer({**self._consumer_config(), **quiet})
+        letters = Producer({**producer_config(self.bootstrap), **quiet})
         stop_serving = (
             None
             if self.metrics_port is None

@@ -25,6 +25,7 @@ from distributed import Worker, WorkerPlugin
 from producers.telemetry import TelemetryProducer
 from straggler.dask_tasks import AttemptEnd, AttemptInfo, kind_feature
 from straggler.kafka.names import TopicNames
+from straggler.kafka.reachability import BrokerUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class DaskTelemetry(WorkerPlugin):
         """The plugin's thread: every report of this worker is produced here."""
         running: dict[tuple[str, str, int], AttemptInfo] = {}
         due = time.monotonic() + self.interval
+        send = _Sender(sdk)
         try:
             while True:
                 try:
@@ -148,7 +150,7 @@ class DaskTelemetry(WorkerPlugin):
                 except queue.Empty:
                     load = sampler.sample()
                     for info in running.values():
-                        _send(sdk, info, load, "running", time.time())
+                        send(info, load, "running", time.time())
                     due = time.monotonic() + self.interval
                     continue
                 if event is None:
@@ -156,10 +158,10 @@ class DaskTelemetry(WorkerPlugin):
                 where = (event.info.job_id, event.info.task_id, event.info.attempt)
                 if isinstance(event, _Started):
                     running[where] = event.info
-                    _send(sdk, event.info, sampler.sample(), "running", event.info.started_at)
+                    send(event.info, sampler.sample(), "running", event.info.started_at)
                 else:
                     running.pop(where, None)
-                    _send(sdk, event.info, sampler.sample(), event.outcome, event.at)
+                    send(event.info, sampler.sample(), event.outcome, event.at)
         except Exception:  # telemetry must never take the worker down: say why it stopped
             log.exception("dask telemetry stopped")
         finally:
@@ -169,16 +171,31 @@ class DaskTelemetry(WorkerPlugin):
                 log.warning("dask telemetry: reports lost at close: %s", exc)
 
 
-def _send(sdk: TelemetryProducer, info: AttemptInfo, load: dict[str, float], status: Any, at: float) -> None:
-    features = {**load, "input_mb": info.input_bytes / MB, "kind": kind_feature(info.kind)}
-    sdk.report(
-        info.job_id,
-        info.task_id,
-        features,
-        status,
-        attempt=info.attempt,
-        machine_id=info.worker,
-        latency=max(at - info.started_at, 0.0) if status == "finished" else None,
-        start_time=info.started_at,
-        at=at,
-    )
+class _Sender:
+    """Reports an attempt through the SDK; a report it refuses (no broker answers: `BrokerUnreachable`)
+    is dropped with one warning per streak of failures, and the reports after it are tried again."""
+
+    def __init__(self, sdk: TelemetryProducer) -> None:
+        self.sdk = sdk
+        self.failing = False
+
+    def __call__(self, info: AttemptInfo, load: dict[str, float], status: Any, at: float) -> None:
+        features = {**load, "input_mb": info.input_bytes / MB, "kind": kind_feature(info.kind)}
+        try:
+            self.sdk.report(
+                info.job_id,
+                info.task_id,
+                features,
+                status,
+                attempt=info.attempt,
+                machine_id=info.worker,
+                latency=max(at - info.started_at, 0.0) if status == "finished" else None,
+                start_time=info.started_at,
+                at=at,
+            )
+        except BrokerUnreachable as exc:
+            if not self.failing:
+                log.warning("dask telemetry: reports dropped until the broker answers again: %s", exc)
+            self.failing = True
+            return
+        self.failing = False

@@ -34,6 +34,7 @@ MOST_LINES = 3
 COMMANDS = {
     "worker": ["worker"],
     "mitigate --broker-timeout": ["mitigate"],
+    "dask-executor": ["dask-executor", "--scheduler", "127.0.0.1:9"],  # the broker is waited for first
     "topics create": ["topics", "create"],
     "view": ["view", "--port", "PORT"],
     "produce": ["produce", "--format", "synthetic", "--jobs", "2", "--quiet"],
