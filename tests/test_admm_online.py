@@ -100,6 +100,7 @@ def test_a_node_with_a_stalled_round_sends_again_and_stale_rounds_are_ignored() 
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -33,7 +33,7 @@ from straggler.kafka.config import producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("dask")]
+pytestmark = [pytest.mark.broker, pytest.mark.scenario, pytest.mark.xdist_group("dask")]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this module
 
 WORKERS = 3

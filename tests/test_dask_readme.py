@@ -17,7 +17,8 @@ import pytest
 from straggler.kafka.embedded import embedded_kafka
 from straggler.kafka.topics import create_topics
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]  # a broker of its own: the block uses the default topics
+# a broker of its own: the block uses the default topics
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.scenario]
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 150.0

@@ -234,6 +234,7 @@ def _check(result: ScenarioResult) -> None:
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.parametrize(
     "scenario",
     [
@@ -250,6 +251,7 @@ def test_a_fault_loses_and_duplicates_nothing(scenario: str, kafka_bootstrap: st
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.parametrize("state", list(STOP_STATES))
 def test_a_worker_stops_within_10_s_of_sigterm_in_every_state(
     state: str, kafka_bootstrap: str, tmp_path: Path
@@ -262,6 +264,7 @@ def test_a_worker_stops_within_10_s_of_sigterm_in_every_state(
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_bad_input_is_dead_lettered_with_its_reason_and_changes_nothing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -280,6 +283,7 @@ def test_bad_input_is_dead_lettered_with_its_reason_and_changes_nothing(
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_a_broker_restart_mid_replay_loses_and_duplicates_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -47,7 +47,7 @@ from straggler.kafka.topics import create_topics
 from straggler.replay import child_process
 from straggler.traces.small_jobs import make_job
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.scenario]
 N = 8
 KCAT = shutil.which("kcat")
 Record = tuple[str, str, bytes]

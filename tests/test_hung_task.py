@@ -24,7 +24,7 @@ from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process
 
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("hung-task")]
+pytestmark = [pytest.mark.broker, pytest.mark.scenario, pytest.mark.xdist_group("hung-task")]
 
 PEERS = 39
 WITHIN_S = 60.0

@@ -23,7 +23,7 @@ from straggler.liveview_run import browse, chromium, dump_dom, pipeline_and_view
 from straggler.replay import closed_loop_replay, read_outputs, read_topic, replay_summary
 from straggler.traces.small_jobs import make_job
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.scenario]  # headless Chromium on a replay
 
 INTERVAL = 4.0
 """The replay's checkpoint spacing, seconds."""

@@ -34,7 +34,8 @@ from straggler.kafka.security import CONFIG_FILE_ENV, SETTING_NAMES
 from straggler.kafka.topics import create_topics
 from straggler.replay import read_topic, start_cli
 
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("tls-listener")]  # one broker, two listeners
+# one broker, two listeners
+pytestmark = [pytest.mark.broker, pytest.mark.scenario, pytest.mark.xdist_group("tls-listener")]
 SYNTHETIC_JOB = ["--format", "synthetic", "--jobs", "1", "--seed", "2", "--min-tasks", "20"]
 """One synthetic job of 31 tasks and 30 checkpoints, with stragglers."""
 OUTPUT_TIMEOUT_S = 120.0
