@@ -225,12 +225,14 @@ class TelemetryProducer:
     def close(self, timeout: float | None = None) -> None:
         """Flush, at most ``timeout`` seconds (default ``delivery_timeout``; none when a call has
         already found the broker unreachable and nothing was delivered since), raising on failed or
-        undelivered records (`BrokerUnreachable`); the producer cannot be used afterwards."""
+        undelivered records (`BrokerUnreachable`) and on a failed TLS handshake (`TlsHandshakeError`);
+        the producer cannot be used afterwards."""
         if self._closed:
             return
         self._closed = True
         self._stop.set()
         self._lingerer.join()
+        self._raise_on_tls_failure()  # known already: say so, whatever the queue holds
         known_down = self._stalled_since is not None and self._settled == self._settled_now()
         wait = 0.0 if known_down else self.delivery_timeout if timeout is None else timeout
         if self.flush(wait):

@@ -188,6 +188,7 @@ def test_produce_to_missing_topics_fails_with_exit_1(kafka_bootstrap: str, fresh
 
 
 @pytest.mark.broker
+@pytest.mark.scenario
 def test_replay_runs_the_pipeline_and_writes_its_report(kafka_bootstrap: str, tmp_path: Path) -> None:
     out = tmp_path / "replay"
     result = straggler(

@@ -525,6 +525,7 @@ def test_mantri_restarts_only_when_remaining_exceeds_median_plus_interval(
 
 
 @pytest.mark.broker
+@pytest.mark.scenario
 def test_restarts_neither_lose_nor_repeat_commands(
     kafka_bootstrap: str, fresh_name: Callable[[str], str]
 ) -> None:
@@ -770,6 +771,7 @@ def _resume(bootstrap: str, run: MidStream) -> dict[str, int]:
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_sigkill_mid_stream_then_restart_is_exactly_once(
     kafka_bootstrap: str, fresh_topic_prefix: str, tmp_path: Path
 ) -> None:
@@ -788,6 +790,7 @@ def test_sigkill_mid_stream_then_restart_is_exactly_once(
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_sigterm_commits_and_leaves_then_a_restart_carries_on(
     kafka_bootstrap: str, fresh_topic_prefix: str, tmp_path: Path
 ) -> None:
@@ -844,6 +847,7 @@ def _restarts_served(port: int) -> float:
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
 def test_the_watchdog_restarts_a_stuck_consumer_and_nothing_is_lost_or_repeated(
     kafka_bootstrap: str, fresh_topic_prefix: str, tmp_path: Path

@@ -27,7 +27,8 @@ from straggler.replay import child_process, read_topic
 from straggler.traces.google2011 import load_google2011
 from straggler.traces.small_jobs import make_job
 
-pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("pipeline")]  # one module-scoped pipeline
+# one module-scoped pipeline, end to end
+pytestmark = [pytest.mark.broker, pytest.mark.scenario, pytest.mark.xdist_group("pipeline")]
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "google-2011-sample"
 PENDING_GRACE_S = 10.0
 """The worker's wait for a job's 'started' event: long against any skew between the input topics

@@ -279,6 +279,7 @@ def _eventually(
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.scenario
 def test_worker_and_mitigator_metrics_after_a_replay(kafka_bootstrap: str, tmp_path: Path) -> None:
     topics = TopicNames(f"metrics-{uuid.uuid4().hex[:8]}-")
     create_topics(kafka_bootstrap, prefix=topics.prefix)

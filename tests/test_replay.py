@@ -15,7 +15,7 @@ from straggler.replay import run_replay
 from straggler.simulation import figures, mean_figures, run_closed_loop
 from straggler.traces.small_jobs import make_job
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.scenario]  # closed-loop replays through the pipeline
 
 
 def test_closed_loop_speculation_through_kafka_equals_the_offline_simulation(
