@@ -40,7 +40,7 @@ from straggler.kafka.tls_errors import handshake_failure
 DEFAULT_FLUSH_SECONDS = 30.0
 FLUSH_SLICE_SECONDS = 0.5
 """`flush` waits in slices this long, looking for a failed TLS handshake between them."""
-DEFAULT_DELIVERY_TIMEOUT_S = 15.0
+DEFAULT_DELIVERY_TIMEOUT_S = 10.0
 """Longest `start_job` and `end_job` wait for their records' delivery before they raise."""
 DEFAULT_LINGER_SECONDS = 0.5
 """Longest a report waits in the SDK for others of its job before its batch is sent."""

@@ -2,7 +2,7 @@
 
 Why: a librdkafka client pointed at an address where no broker answers retries for ever, logging
 every failed connect (hundreds of lines a minute), and fails, if at all, much later with a generic
-"transport failure". So every command first waits here, a bounded time (``--broker-timeout``, 15 s
+"transport failure". So every command first waits here, a bounded time (``--broker-timeout``, 10 s
 by default), for one metadata answer, quietly, and ends with `BrokerUnreachable`'s one line, which
 names the address and the cause. The mitigator, meant to wait for its broker, waits here without a
 bound and says so once (README, "When the broker cannot be reached").
@@ -29,8 +29,9 @@ from confluent_kafka.admin import AdminClient
 from straggler.argtypes import positive_float
 from straggler.kafka.config import admin_config
 
-DEFAULT_BROKER_TIMEOUT_S = 15.0
-"""How long a command waits for a broker before it gives up."""
+DEFAULT_BROKER_TIMEOUT_S = 10.0
+"""How long a command waits for a broker before it gives up: with the interpreter's start, a command
+that cannot reach its broker ends within 15 s."""
 PROBE_INTERVAL_S = 0.5
 """Longest one metadata request waits: a stop, a heartbeat and the deadline are seen this often."""
 SILENT = 0
