@@ -27,6 +27,7 @@ from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import MITIGATION_POLICIES
 from straggler.kafka.reachability import BrokerUnreachable, add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
+from straggler.ports import PortUnavailable
 from straggler.traces.loading import add_trace_arguments, traces_for_command
 
 DESCRIPTION = (
@@ -285,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerUnreachable as exc:  # a command's wait for its broker (--broker-timeout) ran out
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except PortUnavailable as exc:  # a stage's port (--metrics-port, the view's --port) is taken
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
