@@ -21,7 +21,7 @@ from straggler.core.policy_spec import DEFAULT_POLICY, POLICY_SPECS
 from straggler.kafka.names import TopicNames
 from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
-from straggler.metrics_export import add_metrics_arguments
+from straggler.metrics_export import add_metrics_arguments, check_metrics_port, metrics_off
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 log = logging.getLogger(__name__)
@@ -41,11 +41,6 @@ def add_bootstrap_argument(p: argparse.ArgumentParser) -> None:
         required=default_bootstrap is None,
         help=f"broker address (default: ${BOOTSTRAP_ENV})",
     )
-
-
-def metrics_where(args: argparse.Namespace) -> str:
-    """Where a stage serves its metrics, for its start line."""
-    return "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}"
 
 
 @contextlib.contextmanager
@@ -113,15 +108,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _mitigate(args: argparse.Namespace) -> int:
     from consumers.mitigation import MitigationConsumer, MitigationStats
 
+    check_metrics_port(args)  # the consumer (under the watchdog, its child) binds it for good
     log.info(
-        "mitigator: broker %s, topics %s*, group %s, policy %s, checkpoint every %g s, %s, metrics %s",
+        "mitigator: broker %s, topics %s*, group %s, policy %s, checkpoint every %g s, %s%s",
         args.bootstrap,
         args.topic_prefix,
         args.group,
         args.policy,
         args.checkpoint_seconds,
         "no watchdog" if args.no_watchdog else "under the watchdog",
-        metrics_where(args),
+        metrics_off(args.metrics_port),
     )
     options = {
         "bootstrap": args.bootstrap,

@@ -13,12 +13,12 @@ from dataclasses import asdict
 
 from confluent_kafka import KafkaException
 
-from consumers.cli import EXIT_FAILED, EXIT_OK, add_bootstrap_argument, metrics_where, stopping_on_signals
+from consumers.cli import EXIT_FAILED, EXIT_OK, add_bootstrap_argument, stopping_on_signals
 from straggler.argtypes import non_negative_float, positive_float, topic_prefix
 from straggler.kafka.names import TopicNames
 from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
-from straggler.metrics_export import add_metrics_arguments
+from straggler.metrics_export import add_metrics_arguments, check_metrics_port, metrics_off
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 SCHEDULER_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+]*://)?[^\s:/]+:(\d{1,5})")
@@ -70,16 +70,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _execute(args: argparse.Namespace) -> int:
+    check_metrics_port(args)  # before Dask and Kafka; `DaskExecutor.run` binds it for good
     from consumers.dask_executor import DaskExecutor
 
     log.info(
-        "dask executor: broker %s, topics %s*, group %s, scheduler %s, kill grace %g s, metrics %s",
+        "dask executor: broker %s, topics %s*, group %s, scheduler %s, kill grace %g s%s",
         args.bootstrap,
         args.topic_prefix,
         args.group,
         args.scheduler,
         args.kill_grace,
-        metrics_where(args),
+        metrics_off(args.metrics_port),
     )
     executor = DaskExecutor(
         args.bootstrap,

@@ -58,7 +58,7 @@ from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.reachability import quiet_librdkafka_logger
-from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
+from straggler.metrics_export import DEFAULT_METRICS_HOST, serving
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,19 @@ class DaskExecutor:
     ) -> ExecutorStats:
         """Consume until ``stop`` is set, ``idle_timeout`` seconds pass without a record, or
         ``max_commands`` records are handled; return the counts."""
+        # bound first: a port taken fails before Dask and Kafka are contacted
+        with serving(self.metrics.registry, self.metrics_port, self.metrics_host):
+            return self._run(stop, idle_timeout, max_commands)
+
+    def _run(
+        self, stop: threading.Event | None, idle_timeout: float | None, max_commands: int | None
+    ) -> ExecutorStats:
+        """`run` once its metrics are served."""
         client = Client(self.scheduler, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
         self._client = client
         quiet = {"logger": quiet_librdkafka_logger()}  # a broker gone: a line every few minutes
         consumer = Consumer({**self._consumer_config(), **quiet})
         letters = Producer({**producer_config(self.bootstrap), **quiet})
-        stop_serving = (
-            None
-            if self.metrics_port is None
-            else serve(self.metrics.registry, self.metrics_port, self.metrics_host)
-        )
         try:
             assigned = threading.Event()
             consumer.subscribe([self.topics.commands], on_assign=lambda *_: assigned.set())
@@ -151,8 +154,6 @@ class DaskExecutor:
             letters.flush(10.0)
             client.close()
             self._client = None
-            if stop_serving is not None:
-                stop_serving()
         return self.stats
 
     def _consumer_config(self) -> ClientConfig:

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from straggler.kafka.reachability import (
     quiet_librdkafka_logger,
     wait_for_broker,
 )
+from straggler.ports import listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -171,11 +173,12 @@ def make_app(reader: TopicReader) -> web.Application:
     return app
 
 
-async def serve(reader: TopicReader, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT."""
+async def serve(reader: TopicReader, listening: socket.socket) -> None:
+    """Serve on ``listening`` (see `straggler.ports.listening_socket`) until SIGTERM or SIGINT."""
     runner = web.AppRunner(make_app(reader), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.SockSite(runner, listening).start()
+    host, port = listening.getsockname()[:2]
     log.info("live view on http://%s:%d/", host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -212,11 +215,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _view(args: argparse.Namespace) -> int:
-    wait_for_broker(args.bootstrap, args.broker_timeout)  # else the page would serve an empty view
-    reader = TopicReader(args.bootstrap, TopicNames(args.topic_prefix), LiveViewState(args.keep_ended))
-    reader.start()
-    try:
-        asyncio.run(serve(reader, args.host, args.port))
-    finally:
-        reader.stop()
+    # the port first: taken, it ends the command in one line (exit 2) whether or not a broker answers
+    with listening_socket(args.host, args.port, "--port") as listening:
+        wait_for_broker(args.bootstrap, args.broker_timeout)  # else the page would serve an empty view
+        reader = TopicReader(args.bootstrap, TopicNames(args.topic_prefix), LiveViewState(args.keep_ended))
+        reader.start()
+        try:
+            asyncio.run(serve(reader, listening))
+        finally:
+            reader.stop()
     return 0

@@ -37,7 +37,7 @@ from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.reachability import quiet_librdkafka_logger, wait_for_broker
-from straggler.metrics_export import DEFAULT_METRICS_HOST, serve
+from straggler.metrics_export import DEFAULT_METRICS_HOST, serving
 
 log = logging.getLogger(__name__)
 
@@ -146,22 +146,26 @@ class MitigationConsumer:
         ``idle_timeout`` says: after a crash the group holds the partitions until the dead member's
         session expires, and that is not an idle input.
 
-        It first waits, quietly and without a bound, for a broker to answer (saying so once; ``stop``
-        ends the wait): a transactional producer's ``init_transactions`` would block unstoppably.
+        It first serves its metrics, if given a port (taken: `straggler.ports.PortUnavailable`), then
+        waits, quietly and without a bound, for a broker to answer (saying so once; ``stop`` ends the
+        wait): a transactional producer's ``init_transactions`` would block unstoppably.
         Returns between transactions, so nothing is left open. Fatal Kafka errors (e.g. fenced by a newer
         instance with the same transactional id) raise `KafkaException`.
         """
         self._stats = MitigationStats()
+        # bound first: a port taken fails at once, not after the broker answers
+        with serving(self.metrics.registry, self.metrics_port, self.metrics_host):
+            return self._run(stop, idle_timeout, max_messages)
+
+    def _run(
+        self, stop: threading.Event | None, idle_timeout: float | None, max_messages: int | None
+    ) -> MitigationStats:
+        """`run` once its metrics are served."""
         if not wait_for_broker(self.bootstrap, None, stop=stop, beat=self._beat, on_wait=self._say_waiting):
             return self._stats  # stopped before a broker answered; else init_transactions would block
         # a broker gone: its connection failures once every few minutes, not several a second
         quiet = {"logger": quiet_librdkafka_logger()}
         consumer = Consumer({**self._consumer_config(), **quiet})
-        stop_serving = (
-            None
-            if self.metrics_port is None
-            else serve(self.metrics.registry, self.metrics_port, self.metrics_host)
-        )
         try:
             producer = Producer({**self._producer_config(), **quiet})
             producer.init_transactions()  # fences an older instance and aborts what it left open
@@ -189,8 +193,6 @@ class MitigationConsumer:
                         break
         finally:
             consumer.close()  # leaves the group at once, so the partitions move without a timeout
-            if stop_serving is not None:
-                stop_serving()
         return self._stats
 
     def _input_partitions(self, consumer: Consumer) -> int:

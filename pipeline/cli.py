@@ -27,12 +27,13 @@ from straggler.argtypes import (
 from straggler.core.registry import online_method_names
 from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
-from straggler.metrics_export import add_metrics_arguments
+from straggler.metrics_export import add_metrics_arguments, check_metrics_port, metrics_off
 
 log = logging.getLogger(__name__)
 
 
 def _worker(args: argparse.Namespace) -> int:
+    check_metrics_port(args)  # a port taken: one line, exit 2, before the broker and the start line
     wait_for_broker(args.bootstrap, args.broker_timeout)  # before Faust and its clients, which retry for ever
     from pipeline.app import Worker, create_changelog_topics
     from pipeline.settings import WorkerSettings
@@ -60,16 +61,16 @@ def _worker(args: argparse.Namespace) -> int:
         create_topics(settings)
     app = Worker(settings).app
     log.info(
-        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s, metrics %s",
+        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s%s",
         settings.bootstrap,
         settings.topics.prefix,
         settings.partitions,
         settings.method,
         "" if settings.model_path is None else f" (model {settings.model_path})",
         settings.live_interval,
-        "off" if args.metrics_port is None else f"on {args.metrics_host}:{args.metrics_port}",
+        metrics_off(args.metrics_port),
     )
-    if args.metrics_port is not None:
+    if args.metrics_port is not None:  # bound, then said where (by serve)
         from straggler.metrics_export import serve
 
         serve(app.straggler_metrics.registry, args.metrics_port, args.metrics_host)  # type: ignore[attr-defined]

@@ -27,6 +27,7 @@ from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import MITIGATION_POLICIES
 from straggler.kafka.reachability import BrokerUnreachable, add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
+from straggler.ports import PortUnavailable, check_port
 from straggler.traces.loading import add_trace_arguments, traces_for_command
 
 DESCRIPTION = (
@@ -176,8 +177,12 @@ def _register_train(subparsers: argparse._SubParsersAction) -> None:
 def _replay(args: argparse.Namespace) -> int:
     from confluent_kafka import KafkaException
 
+    from straggler.metrics_export import DEFAULT_METRICS_HOST
     from straggler.replay import run_replay
 
+    if args.metrics_port is not None:  # the worker's and the mitigator's, before the broker and the trace
+        check_port(DEFAULT_METRICS_HOST, args.metrics_port, "--metrics-port")
+        check_port(DEFAULT_METRICS_HOST, args.metrics_port + 1, "--metrics-port + 1, the mitigator's")
     if args.bootstrap is not None:
         wait_for_broker(args.bootstrap, args.broker_timeout)  # before the trace, which may take minutes
     traces = traces_for_command(args)
@@ -285,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerUnreachable as exc:  # a command's wait for its broker (--broker-timeout) ran out
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except PortUnavailable as exc:  # a stage's port (--metrics-port, the view's --port) is taken
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

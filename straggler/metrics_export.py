@@ -10,7 +10,9 @@ Counts a process already keeps in a stats dataclass are read from it at scrape t
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -29,6 +31,9 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from straggler.argtypes import port
+from straggler.ports import binding, check_port
+
+log = logging.getLogger(__name__)
 
 disable_created_metrics()  # no ``*_created`` series beside every counter: nothing here reads them
 
@@ -171,9 +176,19 @@ class StatsCollector(Collector):
         return [CounterMetricFamily(c.name, c.documentation) for c in self.counters]
 
 
-def serve(registry: CollectorRegistry, port: int, host: str = DEFAULT_METRICS_HOST) -> Callable[[], None]:
-    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; return its stop."""
-    server, thread = start_http_server(port, addr=host, registry=registry)
+def serve(
+    registry: CollectorRegistry,
+    port: int,
+    host: str = DEFAULT_METRICS_HOST,
+    option: str = "--metrics-port",
+) -> Callable[[], None]:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; return its stop.
+
+    Says where it serves once the port is bound; a port taken (or not allowed) raises
+    `straggler.ports.PortUnavailable`, naming ``option``, the one that sets it."""
+    with binding(host, port, option):
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    log.info("metrics on http://%s:%d/metrics", host, port)
 
     def stop() -> None:
         server.shutdown()
@@ -183,9 +198,38 @@ def serve(registry: CollectorRegistry, port: int, host: str = DEFAULT_METRICS_HO
     return stop
 
 
+@contextmanager
+def serving(
+    registry: CollectorRegistry, port: int | None, host: str = DEFAULT_METRICS_HOST
+) -> Iterator[None]:
+    """`serve` ``registry`` for the length of a ``with`` block (nothing when ``port`` is None)."""
+    if port is None:
+        yield
+        return
+    stop = serve(registry, port, host)
+    try:
+        yield
+    finally:
+        stop()
+
+
 def exported_names(registry: CollectorRegistry) -> set[str]:
     """Every sample name ``registry`` exposes now (``_total``, ``_bucket``, ... included)."""
     return {sample.name for metric in registry.collect() for sample in metric.samples}
+
+
+def check_metrics_port(args: argparse.Namespace) -> None:
+    """Raise `straggler.ports.PortUnavailable` when ``--metrics-port`` is given and cannot be listened
+    on: a stage checks it before its start line and its broker, so a port taken ends the command in
+    one line (exit 2); it binds the port for good once it has its registry (`serve`)."""
+    if args.metrics_port is not None:
+        check_port(args.metrics_host, args.metrics_port, "--metrics-port")
+
+
+def metrics_off(port: int | None) -> str:
+    """What a stage's start line says of its metrics: ``, metrics off``, or nothing when it serves
+    them (`serve` says where, once the port is bound)."""
+    return ", metrics off" if port is None else ""
 
 
 def add_metrics_arguments(p: argparse.ArgumentParser) -> None:
