@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import socket
 import threading
@@ -25,9 +24,10 @@ from typing import Any
 from aiohttp import web
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from consumers.cli import add_bootstrap_argument
 from consumers.liveview_state import DEFAULT_LIMIT, LiveViewState
 from schemas import SchemaError, decode_each
-from straggler.argtypes import bootstrap_servers, non_negative_int, port, topic_prefix
+from straggler.argtypes import non_negative_int, port, topic_prefix
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.reachability import (
@@ -40,7 +40,6 @@ from straggler.ports import listening_socket
 
 log = logging.getLogger(__name__)
 
-BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 PAGE = Path(__file__).with_name("liveview.html")
 POLL_TIMEOUT_S = 0.5
 """Longest a consume call blocks, so a stop is noticed within about this."""
@@ -192,15 +191,8 @@ async def serve(reader: TopicReader, listening: socket.socket) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``view`` command to the top-level CLI."""
-    default_bootstrap = os.environ.get(BOOTSTRAP_ENV)
     p = subparsers.add_parser("view", help="a live web page of jobs, stragglers and commands")
-    p.add_argument(
-        "--bootstrap",
-        type=bootstrap_servers,
-        default=default_bootstrap,
-        required=default_bootstrap is None,
-        help=f"broker address (default: ${BOOTSTRAP_ENV})",
-    )
+    add_bootstrap_argument(p)
     p.add_argument("--topic-prefix", type=topic_prefix, default="", help="prefix of every topic name")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=port, default=8080, help="port to listen on")

@@ -379,34 +379,27 @@ class Processes:
             ],
         )
 
-    def signal(self, name: str, sig: signal.Signals) -> int:
+    def signal(self, name: str, sig: signal.Signals, timeout: float = STOP_TIMEOUT_S) -> int:
         """Send ``sig`` to one child (a fault we inject, not a crash) and wait for it to exit; return
         its exit code. Raises `ScenarioFailed` if it was already gone (the fault would not land) or
-        outlives the signal (it is then killed: SIGTERM must stop a stage within `STOP_TIMEOUT_S`)."""
+        outlives the signal by ``timeout`` seconds (it is then killed)."""
         process = self.running.pop(name)
         if process.poll() is not None:
             self.crashed.append(f"{name} exited with {process.returncode}")
             raise ScenarioFailed(f"{name} had exited ({process.returncode}) before {sig.name}")
-        code = stop_child(process, STOP_TIMEOUT_S, sig)
+        code = stop_child(process, timeout, sig)
         if code is None:
-            raise ScenarioFailed(f"{name} did not exit within {STOP_TIMEOUT_S:g} s of {sig.name}")
+            raise ScenarioFailed(f"{name} did not exit within {timeout:g} s of {sig.name}")
         return code
 
     def stop_worker(self, name: str) -> float:
         """SIGTERM one worker; the seconds it took to exit with status 0. Raises `ScenarioFailed` if it
         takes longer than `WORKER_STOP_LIMIT_S` (it is then killed) or exits otherwise."""
-        process = self.running.pop(name)
-        if process.poll() is not None:
-            self.crashed.append(f"{name} exited with {process.returncode}")
-            raise ScenarioFailed(f"{name} had exited ({process.returncode}) before SIGTERM")
         started = time.monotonic()
-        code = stop_child(process, WORKER_STOP_LIMIT_S, signal.SIGTERM)
-        seconds = time.monotonic() - started
-        if code is None:
-            raise ScenarioFailed(f"{name} did not exit within {WORKER_STOP_LIMIT_S:g} s of SIGTERM")
+        code = self.signal(name, signal.SIGTERM, WORKER_STOP_LIMIT_S)
         if code != 0:
             raise ScenarioFailed(f"{name} exited with {code} after SIGTERM")
-        return seconds
+        return time.monotonic() - started
 
     def lines(self, name: str, text: str) -> int:
         """How many lines of ``name``'s current log contain ``text``."""
