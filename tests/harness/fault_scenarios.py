@@ -2,9 +2,9 @@
 
 Each scenario runs the real processes as children, injects one fault in the middle of a replay and
 checks the output topics against the offline evaluator: the same first flags, and every command of
-the default policy committed exactly once. One module, because ``tests/test_faults.py`` and
-``bench/faults.py`` share it (so it lives in the package, importable by both); a scenario fails
-unless its fault landed. Details and results: docs/reliability.md.
+the default policy committed exactly once. One module of the test harness (``tests/harness/``), because
+``tests/test_faults.py`` and ``bench/faults.py`` share it; a scenario fails unless its fault landed.
+Details and results: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from confluent_kafka.admin import AdminClient
 from producers.replayer import (
     ReplayResult,
     TraceReplayer,
-    _ended,
-    _started,
+    ended_event,
     replay_producer_config,
+    started_event,
 )
 from schemas import (
     CheckpointBoundary,
@@ -63,7 +63,7 @@ from straggler.replay import STRAGGLER_COMMAND, read_topic, start_cli, stop_chil
 from straggler.simulation import JobSimulation, recorded_steps, run_closed_loop
 from straggler.traces.small_jobs import make_job
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 """The checkout the scenarios start their child processes in (the package is installed editable)."""
 CHECKPOINT_SECONDS = 10.0
 """`make_job`'s checkpoint interval (the mitigator's horizon)."""
@@ -250,10 +250,10 @@ def stream_events(traces: Sequence[JobTrace], topics: TopicNames, batch: bool = 
                 continue
             k = checkpoints.index(t)
             if k == 0:
-                send(topics.job_events, trace.job_id, _started(trace))
+                send(topics.job_events, trace.job_id, started_event(trace))
             replayer._publish_checkpoint(sims[j], next(steps[j]), send, send_tasks, scratch)
             if k == len(checkpoints) - 1:
-                send(topics.job_events, trace.job_id, _ended(trace, t))
+                send(topics.job_events, trace.job_id, ended_event(trace, t))
     return records
 
 
