@@ -120,6 +120,29 @@ def headline() -> Iterator[str]:
         yield f"| {TRACES[run.rsplit('-', 1)[0]]} ({summary['jobs']} jobs) | " + " | ".join(cells) + " |"
 
 
+def sample() -> Iterator[str]:
+    """The evaluator on the bundled sample of the real trace, the demo's jobs and configuration
+    (docs/results/shipped/sample-60/summary.json)."""
+    summary = load("shipped/sample-60")
+    limit = summary["mitigation_limit"]["speculate"]
+    named = [
+        ("`nurd` + `speculate` (shipped)", summary["mitigation"]["nurd"]["speculate"]),
+        ("Spark's rule (`spark`)", summary["mitigation"]["nurd"]["spark"]),
+        ("*limit*", limit),
+    ]
+    yield (
+        "| sample, 60 s | JCT reduction | gross extra | net extra | copies won / lost "
+        "| share of the limit | jobs made longer |"
+    )
+    yield "|---|---|---|---|---|---|---|"
+    for name, row in named:
+        yield (
+            f"| {name} | {pct(row['jct_reduction'])} | {pct(row['gross_extra_machine_time'])} "
+            f"| {pct(row['net_extra_machine_time'])} | {row['copies_won']:,} / {row['copies_lost']:,} "
+            f"| {row['jct_reduction'] / limit['jct_reduction']:.2f} | {row['jobs_longer']} |"
+        )
+
+
 def quality() -> Iterator[str]:
     """How well each shipped predictor names stragglers, task by task (online threshold; a task counts as
     flagged once it was ever flagged): docs/results/shipped/*/summary.json."""
@@ -221,6 +244,7 @@ TABLES: dict[str, Callable[[], Iterator[str]]] = {
     "frontier": frontier,
     "others": others,
     "run-cost": run_cost,
+    "sample": sample,
 }
 
 
