@@ -3,8 +3,8 @@
 ``speculate``     the cost-aware speculative copies (`straggler.core.speculation`), the default;
 ``speculate:M``   the same with M spare machines per job;
 ``speculate@P``   (or ``speculate:M@P``) the same at machine price P: the share of completion time a
-                  share of extra machine time must buy (8 by default, docs/results.md §9); a
-                  lower price spends more machine time on copies;
+                  share of extra machine time must buy (8 by default, chosen in
+                  `git show 96386f7:docs/results.md` §9); a lower price spends more machine time on copies;
 ``spark``         Spark's speculative execution at Spark 4.0's defaults: a copy of a task running
                   over 3x the median finished latency once 90 % of the tasks finished;
 ``spark-legacy``  the same at the defaults before Spark 4.0 (1.5x once 75 % finished), the floor

@@ -123,7 +123,8 @@ SPARK_LEGACY = SparkRule(1.5, 0.75)
 SPARK_4 = SparkRule(3.0, 0.9)
 """Spark's defaults since 4.0 (SPARK-47720): what the ``spark`` policy runs."""
 DEFAULT_MACHINE_PRICE = 8.0
-"""The measured knee on the real and synthetic traces (docs/results.md §9)."""
+"""The measured knee on the real and synthetic traces, with an earlier policy
+(`git show 96386f7:docs/results.md`, §9)."""
 
 
 class Speculate(MitigationPolicy):
@@ -133,7 +134,8 @@ class Speculate(MitigationPolicy):
     ----------
     machine_price
         The share of completion time one share of extra machine time must buy (module docstring).
-        The default, 8, is the measured knee on the real and synthetic traces (docs/results.md §9).
+        The default, 8, is the measured knee on the real and synthetic traces
+        (`git show 96386f7:docs/results.md`, §9).
     budget
         Per job, the expected extra machine time allowed, as a share of the job's expected work: a
         safety cap. It binds rarely at the default price; a low price with a tight budget spends it
@@ -298,7 +300,7 @@ def _weigh_verdict(running: _Running, previous: _Running, probability: float) ->
 
     Each verdict is one noisy look at the task; a policy that acted on each look alone would copy a
     task on its luckiest one, and the more often a job is checkpointed, the more such copies (measured:
-    docs/results.md §11)."""
+    `git show 96386f7:docs/results.md`, §11)."""
     p = min(max(probability, 1e-4), 1.0 - 1e-4)
     running.log_odds = previous.log_odds + math.log(p / (1.0 - p))
     running.verdicts = previous.verdicts + 1
