@@ -45,11 +45,13 @@ from typing import Any
 
 import dask_work
 import numpy as np
-from benchlib import REPO, broker, machine, table, write_outputs
+from benchlib import REPO, broker, machine, table, wait_group_stable, write_outputs
 from dask_work import Fault, planned_seconds, run_task
 from matplotlib.figure import Figure
 
+from pipeline.settings import WorkerSettings, app_id
 from straggler.kafka.embedded import free_port
+from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process
 
@@ -115,23 +117,38 @@ class Pipeline:
             child_process(mitigator, Path(f"{logs}mitigator.log")),
             child_process(executor, Path(f"{logs}executor.log")),
         ):
+            # every stage consuming before the first job: its start is not the first job's delay
+            settings = WorkerSettings(self.bootstrap, topics=TopicNames(self.prefix))
+            wait_group_stable(self.bootstrap, app_id(settings), timeout=120)
+            wait_group_stable(self.bootstrap, f"{self.prefix}mitigation", timeout=120)
+            wait_group_stable(self.bootstrap, f"{self.prefix}executor", timeout=120)
+            self.executor_counters()
             yield self
 
     def executor_counters(self) -> dict[str, float]:
-        """The executor's counters now (Prometheus text), 0 until it serves them."""
+        """The executor's counters now, from its Prometheus endpoint (a few tries: it answers slowly
+        under load; a run whose costs cannot be read fails rather than count zeros)."""
         names = {
             "straggler_executor_extra_machine_seconds_total": "extra_seconds",
             "straggler_executor_copies_won_total": "copies_won",
             "straggler_executor_copies_lost_total": "copies_lost",
             "straggler_executor_applied_total": "commands",
         }
-        found = dict.fromkeys(names.values(), 0.0)
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as page:
-            for line in page.read().decode().splitlines():
-                match = re.fullmatch(r"(\w+) ([0-9.eE+-]+)", line)
-                if match and match.group(1) in names:
-                    found[names[match.group(1)]] = float(match.group(2))
+        for attempt in range(10):
+            try:
+                with urllib.request.urlopen(url, timeout=5) as page:
+                    text = page.read().decode()
+                break
+            except OSError:
+                if attempt == 9:
+                    raise
+                time.sleep(1.0)
+        found = dict.fromkeys(names.values(), 0.0)
+        for line in text.splitlines():
+            match = re.fullmatch(r"(\w+) ([0-9.eE+-]+)", line)
+            if match and match.group(1) in names:
+                found[names[match.group(1)]] = float(match.group(2))
         return found
 
 
