@@ -13,7 +13,9 @@ shows no saving; ``straggler replay``'s report measures it. The rules: docs/arch
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -85,6 +87,8 @@ class _Job:
     started_at: float | None = None
     expected_tasks: int | None = None
     ended_at: float | None = None
+    abandoned: str | None = None
+    """Why the agent closed the job as abandoned (its ``ended`` event's reason); None: not abandoned."""
     last_checkpoint: float = -math.inf
     running: set[str] = field(default_factory=set)
     """Tasks reported running at ``last_checkpoint``."""
@@ -165,6 +169,9 @@ class LiveViewState:
         """Fold one event in; events of any type and topic are accepted, unknown ones ignored."""
         if isinstance(event, DeadLetter):
             self.dead_letters += 1
+            lettered = self.jobs.get(_never_started(event) or "")
+            if lettered is not None and lettered.started_at is None:  # its records are lettered: it never ran
+                del self.jobs[_never_started(event) or ""]
             return
         job_id = getattr(event, "job_id", None)
         if job_id is None or job_id in self.retired:
@@ -177,6 +184,7 @@ class LiveViewState:
                 job.expected_tasks = event.expected_tasks
             else:
                 job.ended_at = event.time
+                job.abandoned = event.reason if event.abandoned else None
                 self._retire()
         elif isinstance(event, TaskCheckpoint):
             _on_task(job, event)
@@ -294,6 +302,30 @@ class LiveViewState:
                 ],
             },
         }
+
+
+UNKNOWN_JOB = re.compile(r"event for unknown job (?P<job>'.*'|\".*\"): no job_event 'started'")
+"""The reason the agent letters the records of a job that never started (`pipeline.handler`)."""
+
+
+def _never_started(letter: DeadLetter) -> str | None:
+    """The job whose records ``letter`` says never started (the agent's reason), else None."""
+    found = UNKNOWN_JOB.search(letter.error)
+    if found is None:
+        return None
+    try:
+        job_id = ast.literal_eval(found["job"])
+    except (ValueError, SyntaxError):
+        return None
+    return job_id if isinstance(job_id, str) else None
+
+
+def _job_status(job: _Job) -> str:
+    """running, ended, abandoned (closed by the agent: it stopped reporting), or waiting (task
+    reports and no start yet)."""
+    if job.ended_at is not None:
+        return "ended" if job.abandoned is None else "abandoned"
+    return "running" if job.started_at is not None else "waiting"
 
 
 def _on_task(job: _Job, event: TaskCheckpoint) -> None:
@@ -472,7 +504,8 @@ def _job_row(job_id: str, job: _Job) -> dict[str, Any]:
     now = job.now()
     return {
         "job_id": job_id,
-        "status": "ended" if job.ended_at is not None else "running",
+        "status": _job_status(job),
+        "abandoned": job.abandoned,
         "started_at": job.started_at,
         "ended_at": job.ended_at,
         "last_checkpoint": job.last_checkpoint if math.isfinite(job.last_checkpoint) else None,

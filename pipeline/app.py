@@ -57,6 +57,7 @@ class Worker:
             method=settings.method,
             partitions=settings.partitions,
             pending_grace=settings.pending_grace,
+            abandon_after=settings.abandon_after,
             topics=names,
             stats=stats,
             metrics=metrics,
@@ -149,6 +150,11 @@ class Worker:
 
     async def evaluate_live_jobs(self) -> None:
         """Jobs that send no boundaries get one from the worker, into their own partition
-        (`JobEventHandler.live_ticks`)."""
+        (`JobEventHandler.live_ticks`); those silent for too long are closed as abandoned instead
+        (`JobEventHandler.abandon_silent_jobs`)."""
+        if self.app.flow_control.is_active():  # not while partitions move
+            async with self.handling:
+                for end in self.handler.abandon_silent_jobs():
+                    await self.send(end)
         for tick in self.handler.live_ticks():
             await self.send(tick)

@@ -24,6 +24,7 @@ from straggler.argtypes import (
     positive_int,
     topic_prefix,
 )
+from straggler.core.abandonment import CAP_S, FLOOR_S, TASK_MULTIPLE
 from straggler.core.registry import online_method_names
 from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
@@ -47,6 +48,7 @@ def _worker(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         live_interval=args.live_interval,
         pending_grace=args.pending_grace,
+        abandon_after=args.abandon_after,
         seed=args.seed,
         datadir=args.datadir,
         admm_interval=args.admm_interval,
@@ -61,13 +63,15 @@ def _worker(args: argparse.Namespace) -> int:
         create_topics(settings)
     app = Worker(settings).app
     log.info(
-        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s%s",
+        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s, "
+        "abandoned after %s%s",
         settings.bootstrap,
         settings.topics.prefix,
         settings.partitions,
         settings.method,
         "" if settings.model_path is None else f" (model {settings.model_path})",
         settings.live_interval,
+        "their own task lengths" if settings.abandon_after is None else f"{settings.abandon_after:g} s",
         metrics_off(args.metrics_port),
     )
     if args.metrics_port is not None:  # bound, then said where (by serve)
@@ -147,6 +151,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=non_negative_float,
         default=30.0,
         help="seconds a task event may wait for its job's 'started' event before it is dead-lettered",
+    )
+    p.add_argument(
+        "--abandon-after",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="close a live job that has not reported for SECONDS as abandoned, freeing its state "
+        f"(default: {TASK_MULTIPLE:g} x the job's longest task time so far, at least {FLOOR_S:g} s, "
+        f"at most {CAP_S:g} s)",
     )
     p.add_argument(
         "--admm-interval",

@@ -35,6 +35,9 @@ from schemas import (
     observations,
     read_task_batch,
 )
+from schemas.events import ABANDONED
+from straggler.argtypes import readable_time
+from straggler.core.abandonment import job_silence
 from straggler.core.decision_event import prediction_parts
 from straggler.core.online import Decision, OnlineJob
 from straggler.kafka.names import TopicNames
@@ -120,6 +123,9 @@ class JobEventHandler:
     partitions: int
     """Of the input topics: a record on another partition than its job's is forwarded there."""
     pending_grace: float
+    abandon_after: float | None = None
+    """Seconds a live job may stay silent before it is closed as abandoned; None: from its own task
+    lengths (`straggler.core.abandonment`)."""
     topics: TopicNames = field(default_factory=TopicNames)
     stats: AgentStats = field(default_factory=AgentStats)
     metrics: AgentMetrics | None = None
@@ -131,6 +137,8 @@ class JobEventHandler:
     pending: defaultdict[str, list[WaitingForStart]] = field(default_factory=lambda: defaultdict(list))
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
+    abandoning: set[str] = field(default_factory=set)
+    """Jobs whose abandonment is sent and not applied yet: not sent again meanwhile."""
 
     def waiting_for_start(self) -> set[Position]:
         """The records waiting for their job's start: no commit covers them yet."""
@@ -139,6 +147,7 @@ class JobEventHandler:
     def let_go(self) -> None:
         """Partitions are about to move: forget the records waiting for their jobs' start."""
         self.pending.clear()
+        self.abandoning.clear()
 
     def admit(self, record: InputRecord) -> Event | TaskObservations | Send:
         """The record's event (a valid task batch read in one pass), to `handle` here; or what disposes
@@ -189,6 +198,29 @@ class JobEventHandler:
                 letters.append(self.dead_letter(waiting.record, reason))
         return letters
 
+    def abandon_silent_jobs(self) -> list[Send]:
+        """An ``ended`` job event, reason ``abandoned: ...``, into the job's partition of ``job-events``
+        for each live job held here that has been silent for longer than its limit
+        (`straggler.core.abandonment`); the agent frees the job's state when it reads it back (so the
+        mitigator and the view, which read it too, close the job at the same point of the stream)."""
+        now = self.wall_clock()
+        ends = []
+        for job_id in self.store.held_jobs():
+            meta = self.store.meta(job_id)
+            if meta is None or not meta.live or job_id in self.abandoning:
+                continue
+            job = self.store.job(job_id)
+            if job is None:
+                continue
+            quiet = job_silence(job.state, meta.started_at, now, self.abandon_after)
+            if quiet is None or not quiet.abandoned:
+                continue
+            self.abandoning.add(job_id)
+            reason = f"{ABANDONED}: {quiet.describe()}, since {readable_time(quiet.last_report)}"
+            end = JobEvent(job_id=job_id, event="ended", time=quiet.last_report, reason=reason)
+            ends.append(Send(self.topics.job_events, job_id.encode(), encode(end)))
+        return ends
+
     def live_ticks(self) -> list[Send]:
         """A timer boundary for each live job of the store's cache: only jobs this worker has handled
         since partitions last moved, so two workers never tick the same job (a live job re-enters
@@ -197,7 +229,7 @@ class JobEventHandler:
         ticks = []
         for job_id in self.store.cached_jobs():
             meta = self.store.meta(job_id)
-            if meta is None or not meta.live:
+            if meta is None or not meta.live or job_id in self.abandoning:
                 continue
             meta.ticks += 1
             tick = CheckpointBoundary(
@@ -279,13 +311,24 @@ class JobEventHandler:
         if event.event == "started":
             assert event.expected_tasks is not None
             live = not event.sends_boundaries
-            store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=live)
+            names = list(event.feature_names or [])
+            store.start(event.job_id, event.expected_tasks, names, live=live, started_at=event.time)
             kind = "live" if live else "replayed"
-            log.info("job %s started: %d tasks, %s", event.job_id, event.expected_tasks, kind)
+            log.info(
+                "job %s started at %s: %d tasks, %s",
+                event.job_id,
+                readable_time(event.time),
+                event.expected_tasks,
+                kind,
+            )
         elif meta is None:
             self.stats.ignored += 1
+        elif event.abandoned:
+            self.abandoning.discard(event.job_id)
+            log.warning("job %s closed as %s; its state is freed", event.job_id, event.reason)
+            self._drop(event.job_id)
         else:
-            log.info("job %s ended at %g", event.job_id, event.time)
+            log.info("job %s ended at %s", event.job_id, readable_time(event.time))
             if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
                 self._drop(event.job_id)  # its last checkpoint is evaluated
             else:

@@ -19,12 +19,15 @@ from typing import Any, ClassVar, Literal, Self, get_type_hints
 
 SCHEMA_VERSION = 1
 """Version most events are written with today; `RelaunchCommand` is at version 2 (it names the task
-attempt), `Prediction` at 3 (it adds the straggle probability) and `DeadLetter` at 3 (it names the
-stage that wrote it, since 2; the executor is a stage since 3). `schemas.codec` reads every version
+attempt), `JobEvent` at 2 (it adds ``reason``: an abandoned job), `Prediction` at 3 (it adds the
+straggle probability) and `DeadLetter` at 3 (it names the stage that wrote it, since 2; the executor
+is a stage since 3). `schemas.codec` reads every version
 it ships a schema for."""
 
 TaskStatus = Literal["running", "finished", "failed", "killed"]
 JobEventKind = Literal["started", "ended"]
+ABANDONED = "abandoned"
+"""How the ``reason`` of a job the agent closed because it stopped reporting begins."""
 Action = Literal["relaunch", "duplicate", "kill"]
 Stage = Literal["agent", "mitigator", "executor"]
 """Who wrote a dead letter: the Faust worker's agent or the mitigation consumer (both read the inputs),
@@ -106,18 +109,25 @@ class TaskBatch(_EventBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEvent(_EventBase):
-    """A job started (announcing its task count) or ended."""
+    """A job started (announcing its task count) or ended (by its producer, or abandoned)."""
 
     EVENT_TYPE: ClassVar[str] = "job_event"
 
     type: Literal["job_event"] = "job_event"
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = 2
     job_id: str
     event: JobEventKind
     time: float
     expected_tasks: int | None = None
     sends_boundaries: bool | None = None
     feature_names: list[str] | None = None
+    reason: str | None = None
+    """Version 2: why the job ended when its producer did not end it (`ABANDONED`: the agent closed a
+    live job that stopped reporting); None when the producer ended it."""
+
+    @property
+    def abandoned(self) -> bool:
+        return self.event == "ended" and self.reason is not None and self.reason.startswith(ABANDONED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

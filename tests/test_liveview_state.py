@@ -23,6 +23,7 @@ from schemas import (
     RelaunchCommand,
     TaskCheckpoint,
     command_id,
+    dead_letter_for,
     decode_each,
     encode,
     prediction_batches,
@@ -372,3 +373,47 @@ def test_compose_serves_the_view_on_the_host_loopback_only() -> None:
     args = build_parser().parse_args(service["command"][1:])
     assert args.func.__module__ == "consumers.liveview"
     assert service["ports"] == [f"127.0.0.1:{args.port}:{args.port}"]
+
+
+def test_a_job_the_agent_closed_as_abandoned_shows_as_abandoned_with_its_reason() -> None:
+    state = LiveViewState()
+    reason = "abandoned: no report for 301 s (limit 300 s), since 2026-11-28 12:00:30.0 UTC"
+    state.apply_all(
+        [
+            JobEvent(job_id="j", event="started", time=0.0, expected_tasks=3),
+            _task("a", 10.0),
+            JobEvent(job_id="j", event="ended", time=10.0, reason=reason),
+        ]
+    )
+    row = _job(state)
+    assert (row["status"], row["abandoned"], row["running"]) == ("abandoned", reason, 0)
+    assert state.summary()["totals"]["jobs_in_flight"] == 0
+    assert _detail(state)["table"]["rows"][0]["status"] == "unfinished"
+    state.apply(JobEvent(job_id="k", event="started", time=0.0, expected_tasks=1))
+    state.apply(JobEvent(job_id="k", event="ended", time=5.0))
+    assert (_job(state, "k")["status"], _job(state, "k")["abandoned"]) == ("ended", None)
+
+
+def test_a_job_never_started_waits_and_leaves_the_view_once_its_records_are_dead_lettered() -> None:
+    state = LiveViewState()
+    state.apply(_task("a", 10.0, job="ghost's"))
+    assert _job(state, "ghost's")["status"] == "waiting"
+    letter = dead_letter_for(
+        b"{}",
+        "task-checkpoints",
+        0,
+        7,
+        "event for unknown job \"ghost's\": no job_event 'started' within 30s",
+        stage="agent",
+    )
+    other = dead_letter_for(b"{}", "task-checkpoints", 0, 8, "event for unknown job 'j': ...", stage="agent")
+    state.apply_all(decode_each(encode(other)))
+    assert _job(state, "ghost's")["status"] == "waiting"
+    state.apply_all(decode_each(encode(letter)))
+    assert all(row["job_id"] != "ghost's" for row in state.summary()["jobs"])
+    assert state.summary()["totals"]["dead_letters"] == 2
+    started = LiveViewState()
+    started.apply_all([JobEvent(job_id="j", event="started", time=0.0, expected_tasks=1), _task("a", 1.0)])
+    late = "event for unknown job 'j': no job_event 'started' within 30s"  # a late record of an ended job
+    started.apply(dead_letter_for(b"{}", "task-checkpoints", 0, 9, late, stage="agent"))
+    assert _job(started)["status"] == "running", "a started job is never removed by a letter"
