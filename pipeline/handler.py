@@ -38,7 +38,7 @@ from schemas import (
 from schemas.events import ABANDONED
 from straggler.argtypes import readable_time
 from straggler.core.abandonment import job_silence
-from straggler.core.decision_event import prediction_parts
+from straggler.core.decision_event import describe_flag, prediction_parts
 from straggler.core.online import Decision, OnlineJob
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Forward, Reject, route
@@ -97,7 +97,7 @@ class AgentMetrics(Protocol):
         self,
         decisions: Sequence[Decision],
         refit_seconds: float | None,
-        boundary_produced_at: float | None,
+        decided_from: float | None,
         sent_at: float,
     ) -> None: ...
 
@@ -360,8 +360,14 @@ class JobEventHandler:
         )
         for part in prediction_parts(decisions, self.method, marker):
             yield Send(self.topics.predictions, job_id.encode(), part)
+        when = readable_time(at)
+        for d in decisions:
+            if d.is_straggler:
+                log.info("job %s at %s: %s", job_id, when, describe_flag(d, self.method))
         if self.metrics is not None:
-            self.metrics.evaluated(decisions, refit_seconds, boundary_produced_at, self.wall_clock())
+            # a live job's tick has no producer's boundary: its decision waited since the job's newest report
+            since = boundary_produced_at if boundary_produced_at is not None else job.state.latest_report()
+            self.metrics.evaluated(decisions, refit_seconds, since, self.wall_clock())
         self.stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
             self._drop(job_id)

@@ -79,9 +79,7 @@ def job_silence(
 ) -> Silence | None:
     """The silence of a job whose state is ``state`` and which started at ``started_at`` (its
     ``started`` event's time); None when it has neither reported nor a known start."""
-    reports = [record.observed_at for record in state.tasks.values()]
-    if started_at is not None:
-        reports.append(started_at)
+    reports = [t for t in (state.latest_report(), started_at) if t is not None]
     if not reports:
         return None
     longest = max(task_lengths(state), default=None)
