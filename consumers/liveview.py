@@ -29,7 +29,7 @@ from consumers.liveview_state import DEFAULT_LIMIT, LiveViewState
 from schemas import SchemaError, decode_each
 from straggler.argtypes import non_negative_int, port, topic_prefix
 from straggler.kafka.config import consumer_config
-from straggler.kafka.names import TopicNames
+from straggler.kafka.names import TopicNames, ready_line
 from straggler.kafka.reachability import (
     add_broker_timeout_argument,
     failure_cause,
@@ -132,6 +132,8 @@ class TopicReader:
                     ]
                 )
                 self.assigned = True
+                partitions = sum(len(listed[topic].partitions) for topic in self.topics.all())
+                log.info(ready_line("view", self.bootstrap, self.topics.all(), [], partitions))
                 return True
             log.info("waiting for topics %s", ", ".join(missing))
             self._stop.wait(TOPIC_RETRY_S)

@@ -34,7 +34,7 @@ from consumers.metrics import MitigationMetrics
 from schemas import RelaunchCommand, encode
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.consume import arrived
-from straggler.kafka.names import TopicNames
+from straggler.kafka.names import TopicNames, ready_line
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.reachability import quiet_librdkafka_logger, wait_for_broker
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serving
@@ -118,6 +118,8 @@ class MitigationConsumer:
         self._stats = MitigationStats()
         self._last_input = time.monotonic()
         self._assigned = False
+        self._ready = False
+        """Said so (`ready_line`), once: at its first assignment."""
         self.metrics = MitigationMetrics(lambda: self._stats)
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         """Where `run` serves ``self.metrics`` (None: nowhere, the registry is still kept)."""
@@ -323,6 +325,10 @@ class MitigationConsumer:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebuild the state of the new assignment, then start reading where the group committed."""
         consumer.assign(self._restore(consumer, partitions))
+        if not self._ready:
+            self._ready = True
+            writes = [self.topics.commands, self.topics.dead_letters]
+            log.info(ready_line("mitigator", self.bootstrap, self.inputs, writes, len(partitions)))
         self._assigned = True
         self._last_input = time.monotonic()
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -82,6 +84,38 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+class ExpectedAtStart(logging.Filter):
+    """Turns aiokafka's ERROR ``Group Coordinator Request failed: GroupCoordinatorNotAvailableError``
+    into a DEBUG line during the worker's first ``grace`` seconds, and only then.
+
+    A broker answers so while it creates its offsets topic (a group's first start on a new broker)
+    or moves the group's coordinator; aiokafka retries, and the worker goes on. Later, the same
+    error stays an ERROR: the coordinator did not come."""
+
+    MESSAGE = "Group Coordinator Request failed: %s"
+
+    def __init__(self, grace: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+        self.until = clock() + grace
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        expected = (
+            record.msg == self.MESSAGE
+            and len(args) == 1
+            and type(args[0]).__name__ == "GroupCoordinatorNotAvailableError"
+            and self.clock() < self.until
+        )
+        if not expected:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
+
+
 def quiet_worker(app: faust.App, loglevel: str) -> Worker:
     """Faust's Worker for ``app``, logging at ``loglevel`` (this package's loggers at INFO at least)
     and without its progress spinner.
@@ -98,6 +132,7 @@ def quiet_worker(app: faust.App, loglevel: str) -> Worker:
     logging_config = {"merge": True, "handlers": {"default": handler}, "loggers": own}
     worker = Worker(app, loglevel=loglevel, quiet=True, logging_config=logging_config)
     worker.spinner = None
+    logging.getLogger(COORDINATOR_LOGGER).addFilter(ExpectedAtStart())
     return worker
 
 

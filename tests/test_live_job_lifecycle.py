@@ -96,3 +96,7 @@ def test_a_live_job_never_ended_is_closed_as_abandoned_and_its_state_freed(
     text = log.read_text()
     assert "job job-silent closed as abandoned: no report for" in text
     assert " UTC" in text and "e+09" not in text
+    assert (
+        f"worker ready: broker {kafka_bootstrap}, reading {topics.checkpoints}, {topics.job_events}" in text
+    )
+    assert "[ERROR]" not in text

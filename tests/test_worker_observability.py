@@ -11,10 +11,12 @@ import pytest
 from test_abandonment import T0, live_started, report
 from test_agent_handler import Worker, evaluations
 
+from pipeline.cli import COORDINATOR_LOGGER, ExpectedAtStart
 from schemas import CheckpointBoundary, decode
 from straggler.argtypes import readable_time
 from straggler.core.decision_event import describe_flag
 from straggler.core.online import Decision
+from straggler.kafka.names import ready_line
 
 
 class Recorded:
@@ -70,3 +72,31 @@ def test_a_live_jobs_tick_measures_its_decision_from_the_newest_report_and_logs_
     flags = [r.getMessage() for r in caplog.records if "flagged by nurd" in r.getMessage()]
     assert flags and all("job live at 2023-11-14 22:13:51.5 UTC: task r" in f for f in flags), flags
     assert "job live started at 2023-11-14 22:13:20.0 UTC" in caplog.text
+
+
+def _coordinator_error(name: str = "GroupCoordinatorNotAvailableError") -> logging.LogRecord:
+    error = type(name, (Exception,), {})("[Error 15]")
+    return logging.LogRecord(
+        COORDINATOR_LOGGER, logging.ERROR, "x.py", 1, ExpectedAtStart.MESSAGE, (error,), None
+    )
+
+
+def test_the_coordinator_not_available_at_a_first_start_is_no_error_but_later_it_is() -> None:
+    now = [0.0]
+    quiet = ExpectedAtStart(grace=60.0, clock=lambda: now[0])
+    logging.getLogger(COORDINATOR_LOGGER).setLevel(logging.INFO)
+    record = _coordinator_error()
+    assert not quiet.filter(record) and record.levelname == "DEBUG"  # dropped: not a debug run
+    other = _coordinator_error("NotCoordinatorForGroupError")
+    assert quiet.filter(other) and other.levelno == logging.ERROR
+    now[0] = 61.0
+    late = _coordinator_error()
+    assert quiet.filter(late) and late.levelno == logging.ERROR, "the coordinator never came: an error"
+
+
+def test_a_ready_line_names_the_broker_and_the_topics() -> None:
+    line = ready_line("worker", "b:9092", ["task-checkpoints", "job-events"], ["straggler-predictions"], 8)
+    assert line == (
+        "worker ready: broker b:9092, reading task-checkpoints, job-events (8 partitions here), "
+        "writing straggler-predictions"
+    )

@@ -5,6 +5,7 @@ A prefix lets several replays or tests share one broker without seeing each othe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from straggler.kafka.topics import (
@@ -54,3 +55,14 @@ class TopicNames:
 
     def all(self) -> tuple[str, ...]:
         return (self.checkpoints, self.job_events, self.predictions, self.commands, self.dead_letters)
+
+
+def ready_line(
+    stage: str, bootstrap: str, reads: Sequence[str], writes: Sequence[str], partitions: int
+) -> str:
+    """The line a stage logs once it consumes: where, what it reads (``partitions`` of them assigned
+    to it) and what it writes."""
+    wrote = f", writing {', '.join(writes)}" if writes else ""
+    return (
+        f"{stage} ready: broker {bootstrap}, reading {', '.join(reads)} ({partitions} partitions here){wrote}"
+    )
