@@ -31,7 +31,7 @@ from confluent_kafka import (
 
 from consumers.fold import MitigationState, Output, Rebuild
 from consumers.metrics import MitigationMetrics
-from schemas import RelaunchCommand, encode
+from schemas import MitigationNote, RelaunchCommand, encode
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames, ready_line
@@ -263,6 +263,8 @@ class MitigationConsumer:
                 for output in outputs:
                     if isinstance(output, RelaunchCommand):
                         self._produce(producer, self.topics.commands, output.job_id.encode(), encode(output))
+                    elif isinstance(output, MitigationNote):
+                        self._produce(producer, self.topics.notes, output.job_id.encode(), encode(output))
                     else:
                         self._produce(producer, self.topics.dead_letters, message.key(), encode(output))
             self._beat()
@@ -305,6 +307,14 @@ class MitigationConsumer:
                     "command %s: %s of job %s task %s attempt %s (%s)",
                     output.command_id[:12],
                     output.action,
+                    output.job_id,
+                    output.task_id,
+                    output.attempt,
+                    output.reason,
+                )
+            elif isinstance(output, MitigationNote):
+                log.info(
+                    "job %s task %s attempt %d flagged, %s",
                     output.job_id,
                     output.task_id,
                     output.attempt,

@@ -314,13 +314,8 @@ class JobEventHandler:
             names = list(event.feature_names or [])
             store.start(event.job_id, event.expected_tasks, names, live=live, started_at=event.time)
             kind = "live" if live else "replayed"
-            log.info(
-                "job %s started at %s: %d tasks, %s",
-                event.job_id,
-                readable_time(event.time),
-                event.expected_tasks,
-                kind,
-            )
+            when = readable_time(event.time)
+            log.info("job %s started: %d tasks, %s, at %s", event.job_id, event.expected_tasks, kind, when)
         elif meta is None:
             self.stats.ignored += 1
         elif event.abandoned:

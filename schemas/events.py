@@ -29,6 +29,8 @@ JobEventKind = Literal["started", "ended"]
 ABANDONED = "abandoned"
 """How the ``reason`` of a job the agent closed because it stopped reporting begins."""
 Action = Literal["relaunch", "duplicate", "kill"]
+HoldKind = Literal["no_estimate", "price", "budget", "machines", "rule"]
+"""Why a flagged task got no command (`MitigationNote`; `straggler.core.policies.HoldKind`)."""
 Stage = Literal["agent", "mitigator", "executor"]
 """Who wrote a dead letter: the Faust worker's agent or the mitigation consumer (both read the inputs),
 or a command executor (reads ``relaunch-commands``; `consumers.dask_executor`)."""
@@ -243,6 +245,25 @@ class RelaunchCommand(_EventBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MitigationNote(_EventBase):
+    """Why the mitigator left a flagged task without a command (nothing acts on it; people read it)."""
+
+    EVENT_TYPE: ClassVar[str] = "mitigation_note"
+
+    type: Literal["mitigation_note"] = "mitigation_note"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    task_id: str
+    attempt: int
+    checkpoint_time: float
+    kind: HoldKind
+    reason: str
+    policy: str
+    issued_at: float
+    straggle_probability: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetter(_EventBase):
     """A record that could not be processed; build it with `schemas.codec.dead_letter_for`."""
 
@@ -272,6 +293,7 @@ Event = (
     | Prediction
     | PredictionBatch
     | RelaunchCommand
+    | MitigationNote
     | DeadLetter
 )
 
@@ -286,6 +308,7 @@ EVENT_CLASSES: dict[str, type[Event]] = {
         Prediction,
         PredictionBatch,
         RelaunchCommand,
+        MitigationNote,
         DeadLetter,
     )
 }

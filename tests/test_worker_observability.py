@@ -71,7 +71,7 @@ def test_a_live_jobs_tick_measures_its_decision_from_the_newest_report_and_logs_
     assert recorded.decided_from == [T0 + 30.0], "latency = sent - the newest report"
     flags = [r.getMessage() for r in caplog.records if "flagged by nurd" in r.getMessage()]
     assert flags and all("job live at 2023-11-14 22:13:51.5 UTC: task r" in f for f in flags), flags
-    assert "job live started at 2023-11-14 22:13:20.0 UTC" in caplog.text
+    assert "job live started: 10 tasks, live, at 2023-11-14 22:13:20.0 UTC" in caplog.text
 
 
 def _coordinator_error(name: str = "GroupCoordinatorNotAvailableError") -> logging.LogRecord:

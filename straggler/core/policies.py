@@ -37,7 +37,7 @@ class Action:
     """The attempt acted on: copied (duplicate), restarted (relaunch) or stopped (kill)."""
 
 
-HoldKind = Literal["no_estimate", "price", "budget", "machines", "rule"]
+HoldKind = Literal["no_estimate", "price", "budget", "machines", "rule"]  # = schemas.events.HoldKind
 """Why a flagged task got no copy: no estimate of the job yet (too few tasks finished), the expected
 saving is not worth its machine time at the policy's price, the job's budget is spent, no spare
 machine is free, or the policy's rule (Spark's, Mantri's) is not met."""

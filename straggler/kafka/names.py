@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from straggler.kafka.topics import (
     DEAD_LETTERS,
     JOB_EVENTS,
+    MITIGATION_NOTES,
     RELAUNCH_COMMANDS,
     STRAGGLER_PREDICTIONS,
     TASK_CHECKPOINTS,
@@ -38,6 +39,11 @@ class TopicNames:
         return self.prefix + RELAUNCH_COMMANDS
 
     @property
+    def notes(self) -> str:
+        """Why the mitigator left a flagged task without a command (`schemas.MitigationNote`)."""
+        return self.prefix + MITIGATION_NOTES
+
+    @property
     def dead_letters(self) -> str:
         return self.prefix + DEAD_LETTERS
 
@@ -54,7 +60,14 @@ class TopicNames:
         return self.prefix + "admm-online-exchange"
 
     def all(self) -> tuple[str, ...]:
-        return (self.checkpoints, self.job_events, self.predictions, self.commands, self.dead_letters)
+        return (
+            self.checkpoints,
+            self.job_events,
+            self.predictions,
+            self.commands,
+            self.dead_letters,
+            self.notes,
+        )
 
 
 def ready_line(

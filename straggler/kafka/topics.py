@@ -22,6 +22,7 @@ JOB_EVENTS = "job-events"
 STRAGGLER_PREDICTIONS = "straggler-predictions"
 RELAUNCH_COMMANDS = "relaunch-commands"
 DEAD_LETTERS = "dead-letters"
+MITIGATION_NOTES = "mitigation-notes"
 
 DEFAULT_PARTITIONS = 8
 DEFAULT_REPLICATION = 1
@@ -72,6 +73,7 @@ def topic_specs(
         spec(STRAGGLER_PREDICTIONS, week, "job id", "per-task straggler predictions at each checkpoint"),
         spec(RELAUNCH_COMMANDS, week, "job id", "relaunch decisions for predicted stragglers"),
         spec(DEAD_LETTERS, 30 * _DAY_MS, "source topic key", "records no stage could process, kept longer"),
+        spec(MITIGATION_NOTES, week, "job id", "why a flagged task got no command (for people: the view)"),
     )
 
 
