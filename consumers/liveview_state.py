@@ -28,6 +28,7 @@ from schemas import (
     DeadLetter,
     Event,
     JobEvent,
+    MitigationNote,
     Prediction,
     RelaunchCommand,
     TaskCheckpoint,
@@ -65,6 +66,8 @@ class _Task:
     """First checkpoint at which it was predicted to straggle."""
     prediction: tuple[float, float | None, float | None] | None = None
     """(checkpoint time, predicted latency, straggle probability) of the latest verdict."""
+    note: tuple[float, str] | None = None
+    """(checkpoint time, reason) of the latest `MitigationNote`: why it has no command."""
 
 
 @dataclass
@@ -95,6 +98,8 @@ class _Job:
     tasks: dict[str, _Task] = field(default_factory=dict)
     command_ids: set[str] = field(default_factory=set)
     """Commands counted already (a redelivered command counts once)."""
+    command_log: list[Decision] = field(default_factory=list)
+    """Each distinct command, with its reason, as it arrived."""
     commands_by_action: dict[str, int] = field(default_factory=dict)
     checkpoints: int = 0
     """Checkpoints the agent finished evaluating (``checkpoint_evaluated`` markers)."""
@@ -112,6 +117,33 @@ class _Job:
         ends = [t.finish[0] for t in self.tasks.values() if t.finish is not None]
         latest = max([self.last_checkpoint, *ends])
         return latest if math.isfinite(latest) else self.started_at
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A command as the job page lists it."""
+
+    checkpoint_time: float
+    task: str
+    action: str
+    attempt: int | None
+    reason: str
+    policy: str
+
+
+@dataclass(frozen=True)
+class Letter:
+    """A dead letter as the page lists it."""
+
+    failed_at: float
+    stage: str | None
+    source: str
+    """``topic[partition]@offset`` of the record."""
+    reason: str
+
+
+KEEP_LETTERS = 100
+"""Dead letters the page lists (the newest); older ones only count."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +192,8 @@ class LiveViewState:
     retired: set[str] = field(default_factory=set)
     retired_figures: Figures = NO_FIGURES
     """Figures of the ended jobs no longer kept in detail, summed."""
+    letters: list[Letter] = field(default_factory=list)
+    """The newest `KEEP_LETTERS` dead letters, oldest first."""
 
     def apply_all(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -169,6 +203,9 @@ class LiveViewState:
         """Fold one event in; events of any type and topic are accepted, unknown ones ignored."""
         if isinstance(event, DeadLetter):
             self.dead_letters += 1
+            source = f"{event.source_topic}[{event.source_partition}]@{event.source_offset}"
+            self.letters.append(Letter(event.failed_at, event.stage, source, event.error))
+            del self.letters[:-KEEP_LETTERS]
             lettered = self.jobs.get(_never_started(event) or "")
             if lettered is not None and lettered.started_at is None:  # its records are lettered: it never ran
                 del self.jobs[_never_started(event) or ""]
@@ -201,8 +238,22 @@ class LiveViewState:
             if event.command_id not in job.command_ids:
                 job.command_ids.add(event.command_id)
                 job.task(event.task_id).commands.append((event.checkpoint_time, event.action, event.attempt))
+                job.command_log.append(
+                    Decision(
+                        event.checkpoint_time,
+                        event.task_id,
+                        event.action,
+                        event.attempt,
+                        event.reason,
+                        event.policy,
+                    )
+                )
                 job.commands_by_action[event.action] = job.commands_by_action.get(event.action, 0) + 1
                 self.commands_by_action[event.action] = self.commands_by_action.get(event.action, 0) + 1
+        elif isinstance(event, MitigationNote):
+            task = job.task(event.task_id)
+            if task.note is None or event.checkpoint_time >= task.note[0]:
+                task.note = (event.checkpoint_time, event.reason)
         elif isinstance(event, CheckpointEvaluated):
             job.checkpoints += 1
         elif isinstance(event, CheckpointBoundary):
@@ -238,6 +289,7 @@ class LiveViewState:
                 "dead_letters": self.dead_letters,
                 "undecodable": self.undecodable,
             },
+            "dead_letters": [asdict(letter) for letter in reversed(self.letters)],
             "ended": {
                 "jobs": measured.jobs,
                 "mean_jct": measured.mean_jct,
@@ -294,6 +346,12 @@ class LiveViewState:
                 "matched": len(matched),
                 "rows": [{k: v for k, v in r.items() if k != "runs"} for r in ordered[:limit]],
             },
+            "commands": [
+                asdict(d)
+                for d in sorted(job.command_log, key=lambda d: (d.checkpoint_time, d.task), reverse=True)[
+                    :limit
+                ]
+            ],
             "timeline": {
                 "lanes": len(lanes),
                 "shown": [
@@ -418,6 +476,7 @@ def _task_row(task_id: str, task: _Task, job: _Job, now: float | None) -> dict[s
         end = max((r.end for r in runs if r.end is not None), default=None)
     until = end if end is not None else now
     predicted, probability = (None, None) if task.prediction is None else task.prediction[1:]
+    copy_result = _copy_result(task, copy)
     return {
         "task": task_id,
         "attempts": len(runs),
@@ -429,9 +488,17 @@ def _task_row(task_id: str, task: _Task, job: _Job, now: float | None) -> dict[s
         "flagged_at": task.flagged_at,
         "machine": task.machine,
         "status": status,
-        "copy": _copy_result(task, copy),
+        "copy": copy_result,
+        "why": _why(task, copy_result, status),
         "runs": [asdict(r) for r in runs],
     }
+
+
+def _why(task: _Task, copy: str | None, status: str) -> str | None:
+    """Why a flagged task still running has no copy (the mitigator's latest note), if it said."""
+    if task.flagged_at is None or copy is not None or status != "running" or task.note is None:
+        return None
+    return task.note[1]
 
 
 def _shows(row: dict[str, Any], show: str) -> bool:
