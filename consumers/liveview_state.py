@@ -489,14 +489,14 @@ def _task_row(task_id: str, task: _Task, job: _Job, now: float | None) -> dict[s
         "machine": task.machine,
         "status": status,
         "copy": copy_result,
-        "why": _why(task, copy_result, status),
+        "why": _why(task, copy_result),
         "runs": [asdict(r) for r in runs],
     }
 
 
-def _why(task: _Task, copy: str | None, status: str) -> str | None:
-    """Why a flagged task still running has no copy (the mitigator's latest note), if it said."""
-    if task.flagged_at is None or copy is not None or status != "running" or task.note is None:
+def _why(task: _Task, copy: str | None) -> str | None:
+    """Why a flagged task has no copy (the mitigator's latest note), if it said."""
+    if task.flagged_at is None or copy is not None or task.note is None:
         return None
     return task.note[1]
 

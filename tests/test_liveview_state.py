@@ -446,7 +446,11 @@ def test_a_jobs_page_lists_its_commands_with_reasons_and_says_why_a_flagged_task
     assert rows["c"]["why"] == why and rows["c"]["flagged"] and rows["c"]["copy"] is None
     assert rows["b"]["why"] is None and rows["a"]["why"] is None
     state.apply(_task("c", 40.0, "finished"))
-    assert {r["task"]: r for r in _detail(state)["table"]["rows"]}["c"]["why"] is None, "it ended"
+    assert {r["task"]: r for r in _detail(state)["table"]["rows"]}["c"]["why"] == why, (
+        "still said once it ended"
+    )
+    state.apply(_command("c", "duplicate", 30.0))
+    assert {r["task"]: r for r in _detail(state)["table"]["rows"]}["c"]["why"] is None, "copied after all"
 
 
 def test_dead_letters_are_listed_newest_first_with_their_source_and_reason() -> None:
