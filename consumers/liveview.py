@@ -36,6 +36,7 @@ from straggler.kafka.reachability import (
     quiet_librdkafka_logger,
     wait_for_broker,
 )
+from straggler.kafka.topics import missing_line
 from straggler.ports import listening_socket
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class TopicReader:
         """Wait until every topic exists, then read all their partitions from the beginning (while the
         broker does not answer too: the page keeps serving what it has, the reader says so once)."""
         silent = False
+        said: list[str] = []
         while not self._stop.is_set():
             try:
                 listed = consumer.list_topics(timeout=10.0).topics
@@ -135,7 +137,9 @@ class TopicReader:
                 partitions = sum(len(listed[topic].partitions) for topic in self.topics.all())
                 log.info(ready_line("view", self.bootstrap, self.topics.all(), [], partitions))
                 return True
-            log.info("waiting for topics %s", ", ".join(missing))
+            if missing != said:  # once (again only if another set goes missing)
+                log.warning(missing_line("view", self.bootstrap, missing, self.topics.prefix))
+                said = missing
             self._stop.wait(TOPIC_RETRY_S)
         return False
 

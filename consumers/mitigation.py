@@ -37,6 +37,7 @@ from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames, ready_line
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.reachability import quiet_librdkafka_logger, wait_for_broker
+from straggler.kafka.topics import wait_for_topics
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serving
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,24 @@ class MitigationConsumer:
         """`run` once its metrics are served."""
         if not wait_for_broker(self.bootstrap, None, stop=stop, beat=self._beat, on_wait=self._say_waiting):
             return self._stats  # stopped before a broker answered; else init_transactions would block
+        pause = stop if stop is not None else threading.Event()
+
+        def wait(seconds: float) -> None:
+            self._beat()
+            pause.wait(seconds)
+
+        needed = [*self.inputs, self.topics.commands, self.topics.dead_letters, self.topics.notes]
+        if not wait_for_topics(
+            "mitigator",
+            self.bootstrap,
+            needed,
+            self.topics.prefix,
+            log.warning,
+            stopped=pause.is_set,
+            sleep=wait,
+            then=log.info,
+        ):
+            return self._stats  # stopped while its topics were missing
         # a broker gone: its connection failures once every few minutes, not several a second
         quiet = {"logger": quiet_librdkafka_logger()}
         consumer = Consumer({**self._consumer_config(), **quiet})

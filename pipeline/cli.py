@@ -41,6 +41,7 @@ def _worker(args: argparse.Namespace) -> int:
     from pipeline.app import Worker, create_changelog_topics
     from pipeline.settings import WorkerSettings
     from straggler.kafka.names import TopicNames
+    from straggler.kafka.topics import wait_for_topics
 
     settings = WorkerSettings(
         bootstrap=args.bootstrap,
@@ -55,6 +56,10 @@ def _worker(args: argparse.Namespace) -> int:
         datadir=args.datadir,
         admm_interval=args.admm_interval,
     )
+    names = settings.topics
+    needed = [names.checkpoints, names.job_events, names.predictions, names.dead_letters]
+    # before Faust, which would log UNKNOWN_TOPIC_OR_PART for ever
+    wait_for_topics("worker", settings.bootstrap, needed, names.prefix, log.warning, then=log.info)
     mismatch = _partition_mismatch(settings)
     if mismatch:
         raise SystemExit(f"error: {mismatch}")
