@@ -205,15 +205,19 @@ class JobEventHandler:
         mitigator and the view, which read it too, close the job at the same point of the stream)."""
         now = self.wall_clock()
         ends = []
+        cached = set(self.store.cached_jobs())
         for job_id in self.store.held_jobs():
+            peeked = self.store.peek_meta(job_id)
+            if peeked is None or not peeked.live or job_id in self.abandoning:
+                continue  # a replayed job is never abandoned: no need to load it
             meta = self.store.meta(job_id)
-            if meta is None or not meta.live or job_id in self.abandoning:
-                continue
             job = self.store.job(job_id)
-            if job is None:
-                continue
-            quiet = job_silence(job.state, meta.started_at, now, self.abandon_after)
+            quiet = None
+            if meta is not None and job is not None and meta.live and job_id not in self.abandoning:
+                quiet = job_silence(job.state, meta.started_at, now, self.abandon_after)
             if quiet is None or not quiet.abandoned:
+                if job_id not in cached:  # loaded to look: the cache keeps the jobs handled here only
+                    self.store.uncache(job_id)
                 continue
             self.abandoning.add(job_id)
             reason = f"{ABANDONED}: {quiet.describe()}, since {readable_time(quiet.last_report)}"

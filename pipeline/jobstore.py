@@ -173,6 +173,20 @@ class JobStore:
         tabled = (key.decode() for key in list(self.jobs.keys()))
         return list(dict.fromkeys([*self._cache, *(j for j in tabled if j not in self._ended)]))
 
+    def peek_meta(self, job_id: str) -> JobMeta | None:
+        """The job's row, from the cache or read from the table without loading the job."""
+        cached = self._cache.get(job_id)
+        if cached is not None:
+            return cached.meta
+        payload = self.jobs.get(job_id.encode())
+        return None if payload is None or job_id in self._ended else JobMeta.decode(payload)
+
+    def uncache(self, job_id: str) -> None:
+        """Drop a job from the cache if it holds no change (it loads again from the tables)."""
+        cached = self._cache.get(job_id)
+        if cached is not None and not cached.meta_changed and not cached.changed:
+            del self._cache[job_id]
+
     def start(
         self,
         job_id: str,

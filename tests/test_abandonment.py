@@ -124,6 +124,9 @@ def test_a_job_held_only_in_the_table_is_abandoned_too() -> None:
     for event in [live_started(), report("r", T0 + 30.0)]:
         worker.event(event)
     worker.store.forget_cache()  # as a restarted worker: the job is in its tables only
+    worker.now = 30.0
+    assert abandoned_ends(worker) == []
+    assert worker.store.cached_jobs() == [], "a job only looked at stays out of the cache (no tick)"
     worker.now = 30.0 + FLOOR_S + 1
     (end,) = abandoned_ends(worker)
     assert end.job_id == "live"

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_command, missing_line, wait_for_topics
@@ -18,12 +19,15 @@ from straggler.replay import child_process
 
 
 def test_the_wait_says_once_which_topics_are_missing_and_the_command_that_creates_them() -> None:
-    answers = [["zz-job-events", "zz-dead-letters"], ["zz-dead-letters"], ["zz-dead-letters"], []]
+    answers: list[list[str] | None] = [["zz-job-events", "zz-dead-letters"], None, ["zz-dead-letters"], []]
     said: list[str] = []
 
     def missing(bootstrap: str, topics: Sequence[str]) -> list[str]:
         assert bootstrap == "b:9092" and "zz-job-events" in topics
-        return answers.pop(0)
+        answer = answers.pop(0)
+        if answer is None:
+            raise KafkaException("the broker is away for a moment")
+        return answer
 
     assert wait_for_topics(
         "worker",

@@ -186,7 +186,11 @@ def wait_for_topics(
     find = missing_topics if missing is None else missing
     said = False
     while not stopped():
-        absent = find(bootstrap, topics)
+        try:
+            absent = find(bootstrap, topics)
+        except KafkaException:  # the broker is away for a moment: ask again (its clients say so)
+            sleep(every)
+            continue
         if not absent:
             if said:
                 (then or say)(f"{stage}: the topics exist now")
