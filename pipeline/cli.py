@@ -184,7 +184,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--partitions", type=positive_int, default=8, help="must equal the input topics' partition count"
     )
     p.add_argument(
-        "--live-interval", type=positive_float, default=30.0, help="seconds between evaluations of live jobs"
+        "--live-interval",
+        type=positive_float,
+        default=30.0,
+        help="seconds between evaluations of live jobs: about a tenth of a typical task, at least 1 s "
+        "(give the mitigator the same --checkpoint-seconds; README, 'Live telemetry')",
     )
     p.add_argument(
         "--pending-grace",

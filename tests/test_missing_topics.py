@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaException
+from test_prometheus_metrics import _free_port
 
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_command, missing_line, wait_for_topics
@@ -58,17 +59,27 @@ def test_the_worker_and_mitigator_say_once_how_to_create_missing_topics_then_run
     topics = TopicNames(fresh_topic_prefix)
     common = ["--bootstrap", kafka_bootstrap, "--topic-prefix", fresh_topic_prefix]
     command = create_command(kafka_bootstrap, fresh_topic_prefix)
-    worker_log, mitigator_log = tmp_path / "worker.log", tmp_path / "mitigator.log"
+    worker_log, mitigator_log, view_log = (
+        tmp_path / "worker.log",
+        tmp_path / "mitigator.log",
+        tmp_path / "view.log",
+    )
+    logs = (worker_log, mitigator_log, view_log)
     worker = ["worker", *common, "--partitions", "8", "--datadir", str(tmp_path / "faust")]
     mitigator = ["mitigate", *common, "--group", f"{fresh_topic_prefix}mitigation"]
-    with child_process(worker, worker_log), child_process(mitigator, mitigator_log):
+    view = ["view", *common, "--port", str(_free_port())]
+    with (
+        child_process(worker, worker_log),
+        child_process(mitigator, mitigator_log),
+        child_process(view, view_log),
+    ):
         deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline and not all(
-            command in log.read_text() for log in (worker_log, mitigator_log) if log.exists()
+            log.exists() and command in log.read_text() for log in logs
         ):
             time.sleep(0.5)
         time.sleep(4.0)  # a few more rounds of the wait: still said once
-        for log in (worker_log, mitigator_log):
+        for log in logs:
             assert log.read_text().count(command) == 1, log.read_text()
         created = subprocess.run(
             [sys.executable, "-m", "straggler.cli", *command.split()[1:]],
@@ -78,11 +89,10 @@ def test_the_worker_and_mitigator_say_once_how_to_create_missing_topics_then_run
         )
         assert f"created {len(topics.all())} topic(s)" in created.stdout
         deadline = time.monotonic() + 90.0
-        while time.monotonic() < deadline and not (
-            "worker ready: " in worker_log.read_text() and "mitigator ready: " in mitigator_log.read_text()
-        ):
+        while time.monotonic() < deadline and not all("ready: " in log.read_text() for log in logs):
             time.sleep(0.5)
-    for log in (worker_log, mitigator_log):
+    for log in logs:
         text = log.read_text()
-        assert "ready: " in text and "the topics exist now" in text, text
+        assert "ready: " in text, text
+        assert "the topics exist now" in text or log == view_log, text
         assert "UNKNOWN_TOPIC" not in text and "[ERROR]" not in text, text
