@@ -41,6 +41,7 @@ from schemas import (
     DeadLetter,
     Event,
     JobEvent,
+    MitigationNote,
     Prediction,
     PredictionBatch,
     RelaunchCommand,
@@ -61,8 +62,11 @@ from straggler.kafka.routing import is_home
 
 log = logging.getLogger(__name__)
 
-Output = RelaunchCommand | DeadLetter
-"""What a record causes: commands, or a dead letter for a record that cannot be read."""
+Output = RelaunchCommand | MitigationNote | DeadLetter
+"""What a record causes: commands (and notes on the flagged tasks left without one), or a dead letter
+for a record that cannot be read."""
+Decided = RelaunchCommand | MitigationNote
+"""What a checkpoint's decisions cause."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ class MitigationState:
         self.predictions = 0
         self.checkpoints = 0
         self.commands = 0
+        self.notes = 0
         self.dead_letters = 0
 
     @property
@@ -176,7 +181,7 @@ class MitigationState:
             outputs += self.apply(event, partition)
         return outputs
 
-    def apply(self, event: Event, partition: int) -> list[RelaunchCommand]:
+    def apply(self, event: Event, partition: int) -> list[Decided]:
         """Fold one decoded, unbatched event that arrived on ``partition``; return the commands it causes."""
         if isinstance(event, Prediction):
             self._on_prediction(event, partition)
@@ -207,11 +212,11 @@ class MitigationState:
         self.predictions += 1
         job.buffered.setdefault(event.checkpoint_time, {})[event.task_id] = decision_of(event)
 
-    def _on_marker(self, event: CheckpointEvaluated, partition: int) -> list[RelaunchCommand]:
+    def _on_marker(self, event: CheckpointEvaluated, partition: int) -> list[Decided]:
         at = event.checkpoint_time
         self._marker_watermark[partition] = max(self._marker_watermark.get(partition, -math.inf), at)
         job = self._job(event.job_id)
-        outputs: list[RelaunchCommand] = []
+        outputs: list[Decided] = []
         if job is not None and at > job.last_marker:
             job.last_marker = at
             decisions = list(job.buffered.pop(at, {}).values())
@@ -230,7 +235,7 @@ class MitigationState:
         self._close_ended(partition)
         return outputs
 
-    def _on_task_checkpoint(self, event: TaskCheckpoint, partition: int) -> list[RelaunchCommand]:
+    def _on_task_checkpoint(self, event: TaskCheckpoint, partition: int) -> list[Decided]:
         job = self._job(event.job_id)
         if job is None:
             return []
@@ -245,7 +250,7 @@ class MitigationState:
             return self._advance(event.job_id, job, event.checkpoint_time, partition)
         return []
 
-    def _advance(self, job_id: str, job: _Job, at: float, partition: int) -> list[RelaunchCommand]:
+    def _advance(self, job_id: str, job: _Job, at: float, partition: int) -> list[Decided]:
         if at <= job.watermark:
             return []
         job.watermark = at
@@ -253,9 +258,9 @@ class MitigationState:
         self._close_ended(partition)
         return outputs
 
-    def _drain(self, job_id: str, job: _Job) -> list[RelaunchCommand]:
+    def _drain(self, job_id: str, job: _Job) -> list[Decided]:
         """Act on every waiting marker the job's task events have caught up with, in order."""
-        outputs: list[RelaunchCommand] = []
+        outputs: list[Decided] = []
         while job.waiting and job.waiting[0].at <= job.watermark:
             evaluated = job.waiting.popleft()
             at, decisions = evaluated.at, evaluated.decisions
@@ -286,6 +291,22 @@ class MitigationState:
                         issued_at=self.clock(),
                         checkpoint_time=at,
                         attempt=action.attempt,
+                    )
+                )
+            for hold in self.policy.holds(job_id):
+                self.notes += 1
+                p = hold.probability
+                outputs.append(
+                    MitigationNote(
+                        job_id=job_id,
+                        task_id=hold.task_id,
+                        attempt=hold.attempt,
+                        checkpoint_time=at,
+                        kind=hold.kind,
+                        reason=hold.reason,
+                        policy=self.policy_spec,
+                        issued_at=self.clock(),
+                        straggle_probability=None if math.isnan(p) else min(max(p, 0.0), 1.0),
                     )
                 )
         return outputs

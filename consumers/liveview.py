@@ -29,13 +29,14 @@ from consumers.liveview_state import DEFAULT_LIMIT, LiveViewState
 from schemas import SchemaError, decode_each
 from straggler.argtypes import non_negative_int, port, topic_prefix
 from straggler.kafka.config import consumer_config
-from straggler.kafka.names import TopicNames
+from straggler.kafka.names import TopicNames, ready_line
 from straggler.kafka.reachability import (
     add_broker_timeout_argument,
     failure_cause,
     quiet_librdkafka_logger,
     wait_for_broker,
 )
+from straggler.kafka.topics import missing_line
 from straggler.ports import listening_socket
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class TopicReader:
         """Wait until every topic exists, then read all their partitions from the beginning (while the
         broker does not answer too: the page keeps serving what it has, the reader says so once)."""
         silent = False
+        said: list[str] = []
         while not self._stop.is_set():
             try:
                 listed = consumer.list_topics(timeout=10.0).topics
@@ -132,8 +134,12 @@ class TopicReader:
                     ]
                 )
                 self.assigned = True
+                partitions = sum(len(listed[topic].partitions) for topic in self.topics.all())
+                log.info(ready_line("view", self.bootstrap, self.topics.all(), [], partitions))
                 return True
-            log.info("waiting for topics %s", ", ".join(missing))
+            if missing != said:  # once (again only if another set goes missing)
+                log.warning(missing_line("view", self.bootstrap, missing, self.topics.prefix))
+                said = missing
             self._stop.wait(TOPIC_RETRY_S)
         return False
 

@@ -13,7 +13,9 @@ shows no saving; ``straggler replay``'s report measures it. The rules: docs/arch
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -26,6 +28,7 @@ from schemas import (
     DeadLetter,
     Event,
     JobEvent,
+    MitigationNote,
     Prediction,
     RelaunchCommand,
     TaskCheckpoint,
@@ -63,6 +66,8 @@ class _Task:
     """First checkpoint at which it was predicted to straggle."""
     prediction: tuple[float, float | None, float | None] | None = None
     """(checkpoint time, predicted latency, straggle probability) of the latest verdict."""
+    note: tuple[float, str] | None = None
+    """(checkpoint time, reason) of the latest `MitigationNote`: why it has no command."""
 
 
 @dataclass
@@ -85,12 +90,16 @@ class _Job:
     started_at: float | None = None
     expected_tasks: int | None = None
     ended_at: float | None = None
+    abandoned: str | None = None
+    """Why the agent closed the job as abandoned (its ``ended`` event's reason); None: not abandoned."""
     last_checkpoint: float = -math.inf
     running: set[str] = field(default_factory=set)
     """Tasks reported running at ``last_checkpoint``."""
     tasks: dict[str, _Task] = field(default_factory=dict)
     command_ids: set[str] = field(default_factory=set)
     """Commands counted already (a redelivered command counts once)."""
+    command_log: list[Decision] = field(default_factory=list)
+    """Each distinct command, with its reason, as it arrived."""
     commands_by_action: dict[str, int] = field(default_factory=dict)
     checkpoints: int = 0
     """Checkpoints the agent finished evaluating (``checkpoint_evaluated`` markers)."""
@@ -108,6 +117,33 @@ class _Job:
         ends = [t.finish[0] for t in self.tasks.values() if t.finish is not None]
         latest = max([self.last_checkpoint, *ends])
         return latest if math.isfinite(latest) else self.started_at
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A command as the job page lists it."""
+
+    checkpoint_time: float
+    task: str
+    action: str
+    attempt: int | None
+    reason: str
+    policy: str
+
+
+@dataclass(frozen=True)
+class Letter:
+    """A dead letter as the page lists it."""
+
+    failed_at: float
+    stage: str | None
+    source: str
+    """``topic[partition]@offset`` of the record."""
+    reason: str
+
+
+KEEP_LETTERS = 100
+"""Dead letters the page lists (the newest); older ones only count."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +192,8 @@ class LiveViewState:
     retired: set[str] = field(default_factory=set)
     retired_figures: Figures = NO_FIGURES
     """Figures of the ended jobs no longer kept in detail, summed."""
+    letters: list[Letter] = field(default_factory=list)
+    """The newest `KEEP_LETTERS` dead letters, oldest first."""
 
     def apply_all(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -165,6 +203,12 @@ class LiveViewState:
         """Fold one event in; events of any type and topic are accepted, unknown ones ignored."""
         if isinstance(event, DeadLetter):
             self.dead_letters += 1
+            source = f"{event.source_topic}[{event.source_partition}]@{event.source_offset}"
+            self.letters.append(Letter(event.failed_at, event.stage, source, event.error))
+            del self.letters[:-KEEP_LETTERS]
+            lettered = self.jobs.get(_never_started(event) or "")
+            if lettered is not None and lettered.started_at is None:  # its records are lettered: it never ran
+                del self.jobs[_never_started(event) or ""]
             return
         job_id = getattr(event, "job_id", None)
         if job_id is None or job_id in self.retired:
@@ -177,6 +221,7 @@ class LiveViewState:
                 job.expected_tasks = event.expected_tasks
             else:
                 job.ended_at = event.time
+                job.abandoned = event.reason if event.abandoned else None
                 self._retire()
         elif isinstance(event, TaskCheckpoint):
             _on_task(job, event)
@@ -193,8 +238,22 @@ class LiveViewState:
             if event.command_id not in job.command_ids:
                 job.command_ids.add(event.command_id)
                 job.task(event.task_id).commands.append((event.checkpoint_time, event.action, event.attempt))
+                job.command_log.append(
+                    Decision(
+                        event.checkpoint_time,
+                        event.task_id,
+                        event.action,
+                        event.attempt,
+                        event.reason,
+                        event.policy,
+                    )
+                )
                 job.commands_by_action[event.action] = job.commands_by_action.get(event.action, 0) + 1
                 self.commands_by_action[event.action] = self.commands_by_action.get(event.action, 0) + 1
+        elif isinstance(event, MitigationNote):
+            task = job.task(event.task_id)
+            if task.note is None or event.checkpoint_time >= task.note[0]:
+                task.note = (event.checkpoint_time, event.reason)
         elif isinstance(event, CheckpointEvaluated):
             job.checkpoints += 1
         elif isinstance(event, CheckpointBoundary):
@@ -230,6 +289,7 @@ class LiveViewState:
                 "dead_letters": self.dead_letters,
                 "undecodable": self.undecodable,
             },
+            "dead_letters": [asdict(letter) for letter in reversed(self.letters)],
             "ended": {
                 "jobs": measured.jobs,
                 "mean_jct": measured.mean_jct,
@@ -286,6 +346,12 @@ class LiveViewState:
                 "matched": len(matched),
                 "rows": [{k: v for k, v in r.items() if k != "runs"} for r in ordered[:limit]],
             },
+            "commands": [
+                asdict(d)
+                for d in sorted(job.command_log, key=lambda d: (d.checkpoint_time, d.task), reverse=True)[
+                    :limit
+                ]
+            ],
             "timeline": {
                 "lanes": len(lanes),
                 "shown": [
@@ -294,6 +360,30 @@ class LiveViewState:
                 ],
             },
         }
+
+
+UNKNOWN_JOB = re.compile(r"event for unknown job (?P<job>'.*'|\".*\"): no job_event 'started'")
+"""The reason the agent letters the records of a job that never started (`pipeline.handler`)."""
+
+
+def _never_started(letter: DeadLetter) -> str | None:
+    """The job whose records ``letter`` says never started (the agent's reason), else None."""
+    found = UNKNOWN_JOB.search(letter.error)
+    if found is None:
+        return None
+    try:
+        job_id = ast.literal_eval(found["job"])
+    except (ValueError, SyntaxError):
+        return None
+    return job_id if isinstance(job_id, str) else None
+
+
+def _job_status(job: _Job) -> str:
+    """running, ended, abandoned (closed by the agent: it stopped reporting), or waiting (task
+    reports and no start yet)."""
+    if job.ended_at is not None:
+        return "ended" if job.abandoned is None else "abandoned"
+    return "running" if job.started_at is not None else "waiting"
 
 
 def _on_task(job: _Job, event: TaskCheckpoint) -> None:
@@ -386,6 +476,7 @@ def _task_row(task_id: str, task: _Task, job: _Job, now: float | None) -> dict[s
         end = max((r.end for r in runs if r.end is not None), default=None)
     until = end if end is not None else now
     predicted, probability = (None, None) if task.prediction is None else task.prediction[1:]
+    copy_result = _copy_result(task, copy)
     return {
         "task": task_id,
         "attempts": len(runs),
@@ -397,9 +488,17 @@ def _task_row(task_id: str, task: _Task, job: _Job, now: float | None) -> dict[s
         "flagged_at": task.flagged_at,
         "machine": task.machine,
         "status": status,
-        "copy": _copy_result(task, copy),
+        "copy": copy_result,
+        "why": _why(task, copy_result),
         "runs": [asdict(r) for r in runs],
     }
+
+
+def _why(task: _Task, copy: str | None) -> str | None:
+    """Why a flagged task has no copy (the mitigator's latest note), if it said."""
+    if task.flagged_at is None or copy is not None or task.note is None:
+        return None
+    return task.note[1]
 
 
 def _shows(row: dict[str, Any], show: str) -> bool:
@@ -472,7 +571,8 @@ def _job_row(job_id: str, job: _Job) -> dict[str, Any]:
     now = job.now()
     return {
         "job_id": job_id,
-        "status": "ended" if job.ended_at is not None else "running",
+        "status": _job_status(job),
+        "abandoned": job.abandoned,
         "started_at": job.started_at,
         "ended_at": job.ended_at,
         "last_checkpoint": job.last_checkpoint if math.isfinite(job.last_checkpoint) else None,

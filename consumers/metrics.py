@@ -15,7 +15,7 @@ from typing import Any, get_args
 from confluent_kafka import Consumer
 from prometheus_client import Counter, Gauge, Histogram
 
-from schemas import DeadLetter, RelaunchCommand
+from schemas import DeadLetter, MitigationNote, RelaunchCommand
 from schemas.events import Action
 from straggler.metrics_export import (
     LAG_SAMPLE_S,
@@ -83,13 +83,13 @@ class MitigationMetrics:
         the copy won, of the copy (attempt + 1) that it lost."""
         self._sampled_at = -float("inf")
 
-    def committed(self, outputs: Sequence[RelaunchCommand | DeadLetter], jobs: int) -> None:
+    def committed(self, outputs: Sequence[RelaunchCommand | MitigationNote | DeadLetter], jobs: int) -> None:
         """A transaction with these outputs committed; ``jobs``: the state's jobs after it."""
         for output in outputs:
             if isinstance(output, RelaunchCommand):
                 self.commands.labels(output.action).inc()
                 self._race(output)
-            else:
+            elif isinstance(output, DeadLetter):
                 self.dead_letters.count(output.error)
         self.jobs.set(jobs)
 

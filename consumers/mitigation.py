@@ -31,12 +31,13 @@ from confluent_kafka import (
 
 from consumers.fold import MitigationState, Output, Rebuild
 from consumers.metrics import MitigationMetrics
-from schemas import RelaunchCommand, encode
+from schemas import MitigationNote, RelaunchCommand, encode
 from straggler.kafka.config import ClientConfig, consumer_config, producer_config
 from straggler.kafka.consume import arrived
-from straggler.kafka.names import TopicNames
+from straggler.kafka.names import TopicNames, ready_line
 from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.reachability import quiet_librdkafka_logger, wait_for_broker
+from straggler.kafka.topics import wait_for_topics
 from straggler.metrics_export import DEFAULT_METRICS_HOST, serving
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class MitigationConsumer:
         self._stats = MitigationStats()
         self._last_input = time.monotonic()
         self._assigned = False
+        self._ready = False
+        """Said so (`ready_line`), once: at its first assignment."""
         self.metrics = MitigationMetrics(lambda: self._stats)
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         """Where `run` serves ``self.metrics`` (None: nowhere, the registry is still kept)."""
@@ -163,6 +166,24 @@ class MitigationConsumer:
         """`run` once its metrics are served."""
         if not wait_for_broker(self.bootstrap, None, stop=stop, beat=self._beat, on_wait=self._say_waiting):
             return self._stats  # stopped before a broker answered; else init_transactions would block
+        pause = stop if stop is not None else threading.Event()
+
+        def wait(seconds: float) -> None:
+            self._beat()
+            pause.wait(seconds)
+
+        needed = [*self.inputs, self.topics.commands, self.topics.dead_letters, self.topics.notes]
+        if not wait_for_topics(
+            "mitigator",
+            self.bootstrap,
+            needed,
+            self.topics.prefix,
+            log.warning,
+            stopped=pause.is_set,
+            sleep=wait,
+            then=log.info,
+        ):
+            return self._stats  # stopped while its topics were missing
         # a broker gone: its connection failures once every few minutes, not several a second
         quiet = {"logger": quiet_librdkafka_logger()}
         consumer = Consumer({**self._consumer_config(), **quiet})
@@ -261,6 +282,8 @@ class MitigationConsumer:
                 for output in outputs:
                     if isinstance(output, RelaunchCommand):
                         self._produce(producer, self.topics.commands, output.job_id.encode(), encode(output))
+                    elif isinstance(output, MitigationNote):
+                        self._produce(producer, self.topics.notes, output.job_id.encode(), encode(output))
                     else:
                         self._produce(producer, self.topics.dead_letters, message.key(), encode(output))
             self._beat()
@@ -308,6 +331,14 @@ class MitigationConsumer:
                     output.attempt,
                     output.reason,
                 )
+            elif isinstance(output, MitigationNote):
+                log.info(
+                    "job %s task %s attempt %d flagged, %s",
+                    output.job_id,
+                    output.task_id,
+                    output.attempt,
+                    output.reason,
+                )
 
     def _send_offsets(self, producer: Producer, consumer: Consumer) -> None:
         """Put the consumer's positions in the transaction (partitions it has not read are skipped)."""
@@ -323,6 +354,10 @@ class MitigationConsumer:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebuild the state of the new assignment, then start reading where the group committed."""
         consumer.assign(self._restore(consumer, partitions))
+        if not self._ready:
+            self._ready = True
+            writes = [self.topics.commands, self.topics.dead_letters]
+            log.info(ready_line("mitigator", self.bootstrap, self.inputs, writes, len(partitions)))
         self._assigned = True
         self._last_input = time.monotonic()
 

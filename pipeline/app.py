@@ -25,6 +25,7 @@ from pipeline.handler import AgentStats, JobEventHandler, Send, process
 from pipeline.jobstore import Position
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
 from pipeline.settings import WorkerSettings
+from straggler.kafka.names import ready_line
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Worker:
             method=settings.method,
             partitions=settings.partitions,
             pending_grace=settings.pending_grace,
+            abandon_after=settings.abandon_after,
             topics=names,
             stats=stats,
             metrics=metrics,
@@ -70,6 +72,10 @@ class Worker:
         start_uncommitted_inputs_at_their_beginning(app, {names.checkpoints, names.job_events})
         app.on_partitions_revoked.connect(cast(Any, self.on_partitions_revoked))
         app.on_partitions_assigned.connect(cast(Any, self.on_partitions_assigned))
+        app.on_rebalance_complete.connect(cast(Any, self.on_rebalance_complete))
+        self.settings = settings
+        self.ready = False
+        """Said so (`ready_line`), once: at the end of its first rebalance."""
         app.agent(self.inputs)(self.straggler_agent)
         app.timer(interval=1.0)(self.expire_pending)
         app.timer(interval=COMMIT_SECONDS / 2)(self.commit_when_due)
@@ -137,6 +143,17 @@ class Worker:
         if not self.unacknowledged:
             self.store.forget_cache()
 
+    async def on_rebalance_complete(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """The first time: say that the worker consumes, where and what (`ready_line`)."""
+        if self.ready:
+            return
+        self.ready = True
+        names = self.settings.topics
+        reads = [names.checkpoints, names.job_events]
+        mine = [tp for tp in self.app.consumer.assignment() if tp.topic in reads]
+        writes = [names.predictions, names.dead_letters]
+        log.info(ready_line("worker", self.settings.bootstrap, reads, writes, len(mine)))
+
     async def send(self, out: Send) -> None:
         """Send what the handler asks for."""
         await self.outputs[out.topic].send(key=out.key, value=out.value, partition=out.partition)
@@ -149,6 +166,11 @@ class Worker:
 
     async def evaluate_live_jobs(self) -> None:
         """Jobs that send no boundaries get one from the worker, into their own partition
-        (`JobEventHandler.live_ticks`)."""
+        (`JobEventHandler.live_ticks`); those silent for too long are closed as abandoned instead
+        (`JobEventHandler.abandon_silent_jobs`)."""
+        if self.app.flow_control.is_active():  # not while partitions move
+            async with self.handling:
+                for end in self.handler.abandon_silent_jobs():
+                    await self.send(end)
         for tick in self.handler.live_ticks():
             await self.send(tick)

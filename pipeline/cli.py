@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ from straggler.argtypes import (
     positive_int,
     topic_prefix,
 )
+from straggler.core.abandonment import CAP_S, FLOOR_S, TASK_MULTIPLE
 from straggler.core.registry import online_method_names
 from straggler.kafka.reachability import add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
@@ -38,6 +41,7 @@ def _worker(args: argparse.Namespace) -> int:
     from pipeline.app import Worker, create_changelog_topics
     from pipeline.settings import WorkerSettings
     from straggler.kafka.names import TopicNames
+    from straggler.kafka.topics import wait_for_topics
 
     settings = WorkerSettings(
         bootstrap=args.bootstrap,
@@ -47,10 +51,15 @@ def _worker(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         live_interval=args.live_interval,
         pending_grace=args.pending_grace,
+        abandon_after=args.abandon_after,
         seed=args.seed,
         datadir=args.datadir,
         admm_interval=args.admm_interval,
     )
+    names = settings.topics
+    needed = [names.checkpoints, names.job_events, names.predictions, names.dead_letters]
+    # before Faust, which would log UNKNOWN_TOPIC_OR_PART for ever
+    wait_for_topics("worker", settings.bootstrap, needed, names.prefix, log.warning, then=log.info)
     mismatch = _partition_mismatch(settings)
     if mismatch:
         raise SystemExit(f"error: {mismatch}")
@@ -61,13 +70,15 @@ def _worker(args: argparse.Namespace) -> int:
         create_topics(settings)
     app = Worker(settings).app
     log.info(
-        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s%s",
+        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s, "
+        "abandoned after %s%s",
         settings.bootstrap,
         settings.topics.prefix,
         settings.partitions,
         settings.method,
         "" if settings.model_path is None else f" (model {settings.model_path})",
         settings.live_interval,
+        "their own task lengths" if settings.abandon_after is None else f"{settings.abandon_after:g} s",
         metrics_off(args.metrics_port),
     )
     if args.metrics_port is not None:  # bound, then said where (by serve)
@@ -76,6 +87,38 @@ def _worker(args: argparse.Namespace) -> int:
         serve(app.straggler_metrics.registry, args.metrics_port, args.metrics_host)  # type: ignore[attr-defined]
     quiet_worker(app, "debug" if args.verbose else args.loglevel).execute_from_commandline()
     return 0
+
+
+class ExpectedAtStart(logging.Filter):
+    """Turns aiokafka's ERROR ``Group Coordinator Request failed: GroupCoordinatorNotAvailableError``
+    into a DEBUG line during the worker's first ``grace`` seconds, and only then.
+
+    A broker answers so while it creates its offsets topic (a group's first start on a new broker)
+    or moves the group's coordinator; aiokafka retries, and the worker goes on. Later, the same
+    error stays an ERROR: the coordinator did not come."""
+
+    MESSAGE = "Group Coordinator Request failed: %s"
+
+    def __init__(self, grace: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+        self.until = clock() + grace
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        expected = (
+            record.msg == self.MESSAGE
+            and len(args) == 1
+            and type(args[0]).__name__ == "GroupCoordinatorNotAvailableError"
+            and self.clock() < self.until
+        )
+        if not expected:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+COORDINATOR_LOGGER = "aiokafka.consumer.group_coordinator"
 
 
 def quiet_worker(app: faust.App, loglevel: str) -> Worker:
@@ -94,6 +137,7 @@ def quiet_worker(app: faust.App, loglevel: str) -> Worker:
     logging_config = {"merge": True, "handlers": {"default": handler}, "loggers": own}
     worker = Worker(app, loglevel=loglevel, quiet=True, logging_config=logging_config)
     worker.spinner = None
+    logging.getLogger(COORDINATOR_LOGGER).addFilter(ExpectedAtStart())
     return worker
 
 
@@ -140,13 +184,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--partitions", type=positive_int, default=8, help="must equal the input topics' partition count"
     )
     p.add_argument(
-        "--live-interval", type=positive_float, default=30.0, help="seconds between evaluations of live jobs"
+        "--live-interval",
+        type=positive_float,
+        default=30.0,
+        help="seconds between evaluations of live jobs: about a tenth of a typical task, at least 1 s "
+        "(give the mitigator the same --checkpoint-seconds; README, 'Live telemetry')",
     )
     p.add_argument(
         "--pending-grace",
         type=non_negative_float,
         default=30.0,
         help="seconds a task event may wait for its job's 'started' event before it is dead-lettered",
+    )
+    p.add_argument(
+        "--abandon-after",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="close a live job that has not reported for SECONDS as abandoned, freeing its state "
+        f"(default: {TASK_MULTIPLE:g} x the job's longest task time so far, at least {FLOOR_S:g} s, "
+        f"at most {CAP_S:g} s)",
     )
     p.add_argument(
         "--admm-interval",

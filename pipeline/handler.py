@@ -35,7 +35,10 @@ from schemas import (
     observations,
     read_task_batch,
 )
-from straggler.core.decision_event import prediction_parts
+from schemas.events import ABANDONED
+from straggler.argtypes import readable_time
+from straggler.core.abandonment import job_silence
+from straggler.core.decision_event import describe_flag, prediction_parts
 from straggler.core.online import Decision, OnlineJob
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Forward, Reject, route
@@ -94,7 +97,7 @@ class AgentMetrics(Protocol):
         self,
         decisions: Sequence[Decision],
         refit_seconds: float | None,
-        boundary_produced_at: float | None,
+        decided_from: float | None,
         sent_at: float,
     ) -> None: ...
 
@@ -120,6 +123,9 @@ class JobEventHandler:
     partitions: int
     """Of the input topics: a record on another partition than its job's is forwarded there."""
     pending_grace: float
+    abandon_after: float | None = None
+    """Seconds a live job may stay silent before it is closed as abandoned; None: from its own task
+    lengths (`straggler.core.abandonment`)."""
     topics: TopicNames = field(default_factory=TopicNames)
     stats: AgentStats = field(default_factory=AgentStats)
     metrics: AgentMetrics | None = None
@@ -131,6 +137,8 @@ class JobEventHandler:
     pending: defaultdict[str, list[WaitingForStart]] = field(default_factory=lambda: defaultdict(list))
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
+    abandoning: set[str] = field(default_factory=set)
+    """Jobs whose abandonment is sent and not applied yet: not sent again meanwhile."""
 
     def waiting_for_start(self) -> set[Position]:
         """The records waiting for their job's start: no commit covers them yet."""
@@ -139,6 +147,7 @@ class JobEventHandler:
     def let_go(self) -> None:
         """Partitions are about to move: forget the records waiting for their jobs' start."""
         self.pending.clear()
+        self.abandoning.clear()
 
     def admit(self, record: InputRecord) -> Event | TaskObservations | Send:
         """The record's event (a valid task batch read in one pass), to `handle` here; or what disposes
@@ -189,6 +198,33 @@ class JobEventHandler:
                 letters.append(self.dead_letter(waiting.record, reason))
         return letters
 
+    def abandon_silent_jobs(self) -> list[Send]:
+        """An ``ended`` job event, reason ``abandoned: ...``, into the job's partition of ``job-events``
+        for each live job held here that has been silent for longer than its limit
+        (`straggler.core.abandonment`); the agent frees the job's state when it reads it back (so the
+        mitigator and the view, which read it too, close the job at the same point of the stream)."""
+        now = self.wall_clock()
+        ends = []
+        cached = set(self.store.cached_jobs())
+        for job_id in self.store.held_jobs():
+            peeked = self.store.peek_meta(job_id)
+            if peeked is None or not peeked.live or job_id in self.abandoning:
+                continue  # a replayed job is never abandoned: no need to load it
+            meta = self.store.meta(job_id)
+            job = self.store.job(job_id)
+            quiet = None
+            if meta is not None and job is not None and meta.live and job_id not in self.abandoning:
+                quiet = job_silence(job.state, meta.started_at, now, self.abandon_after)
+            if quiet is None or not quiet.abandoned:
+                if job_id not in cached:  # loaded to look: the cache keeps the jobs handled here only
+                    self.store.uncache(job_id)
+                continue
+            self.abandoning.add(job_id)
+            reason = f"{ABANDONED}: {quiet.describe()}, since {readable_time(quiet.last_report)}"
+            end = JobEvent(job_id=job_id, event="ended", time=quiet.last_report, reason=reason)
+            ends.append(Send(self.topics.job_events, job_id.encode(), encode(end)))
+        return ends
+
     def live_ticks(self) -> list[Send]:
         """A timer boundary for each live job of the store's cache: only jobs this worker has handled
         since partitions last moved, so two workers never tick the same job (a live job re-enters
@@ -197,7 +233,7 @@ class JobEventHandler:
         ticks = []
         for job_id in self.store.cached_jobs():
             meta = self.store.meta(job_id)
-            if meta is None or not meta.live:
+            if meta is None or not meta.live or job_id in self.abandoning:
                 continue
             meta.ticks += 1
             tick = CheckpointBoundary(
@@ -279,13 +315,19 @@ class JobEventHandler:
         if event.event == "started":
             assert event.expected_tasks is not None
             live = not event.sends_boundaries
-            store.start(event.job_id, event.expected_tasks, list(event.feature_names or []), live=live)
+            names = list(event.feature_names or [])
+            store.start(event.job_id, event.expected_tasks, names, live=live, started_at=event.time)
             kind = "live" if live else "replayed"
-            log.info("job %s started: %d tasks, %s", event.job_id, event.expected_tasks, kind)
+            when = readable_time(event.time)
+            log.info("job %s started: %d tasks, %s, at %s", event.job_id, event.expected_tasks, kind, when)
         elif meta is None:
             self.stats.ignored += 1
+        elif event.abandoned:
+            self.abandoning.discard(event.job_id)
+            log.warning("job %s closed as %s; its state is freed", event.job_id, event.reason)
+            self._drop(event.job_id)
         else:
-            log.info("job %s ended at %g", event.job_id, event.time)
+            log.info("job %s ended at %s", event.job_id, readable_time(event.time))
             if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
                 self._drop(event.job_id)  # its last checkpoint is evaluated
             else:
@@ -317,8 +359,14 @@ class JobEventHandler:
         )
         for part in prediction_parts(decisions, self.method, marker):
             yield Send(self.topics.predictions, job_id.encode(), part)
+        when = readable_time(at)
+        for d in decisions:
+            if d.is_straggler:
+                log.info("job %s at %s: %s", job_id, when, describe_flag(d, self.method))
         if self.metrics is not None:
-            self.metrics.evaluated(decisions, refit_seconds, boundary_produced_at, self.wall_clock())
+            # a live job's tick has no producer's boundary: its decision waited since the job's newest report
+            since = boundary_produced_at if boundary_produced_at is not None else job.state.latest_report()
+            self.metrics.evaluated(decisions, refit_seconds, since, self.wall_clock())
         self.stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
             self._drop(job_id)

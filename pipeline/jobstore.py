@@ -97,6 +97,8 @@ class JobMeta:
     last_evaluated: float | None = None
     ended_at: float | None = None
     ticks: int = 0
+    started_at: float | None = None
+    """Its ``started`` event's time: a live job silent since is abandoned (`straggler.core.abandonment`)."""
     checkpoint_flags: dict[str, float] = field(default_factory=dict)
     """The flags raised since the job's last task row (task id -> flag time), until one carries them."""
 
@@ -165,12 +167,41 @@ class JobStore:
         """Jobs this worker has handled since partitions last moved (all of them its own)."""
         return list(self._cache)
 
-    def start(self, job_id: str, expected_tasks: int, feature_names: list[str], live: bool) -> JobMeta:
+    def held_jobs(self) -> list[str]:
+        """Every job this worker holds: the cached ones and those of its partitions' ``jobs`` rows
+        (a job that sent nothing since a restart is in the table only)."""
+        tabled = (key.decode() for key in list(self.jobs.keys()))
+        return list(dict.fromkeys([*self._cache, *(j for j in tabled if j not in self._ended)]))
+
+    def peek_meta(self, job_id: str) -> JobMeta | None:
+        """The job's row, from the cache or read from the table without loading the job."""
+        cached = self._cache.get(job_id)
+        if cached is not None:
+            return cached.meta
+        payload = self.jobs.get(job_id.encode())
+        return None if payload is None or job_id in self._ended else JobMeta.decode(payload)
+
+    def uncache(self, job_id: str) -> None:
+        """Drop a job from the cache if it holds no change (it loads again from the tables)."""
+        cached = self._cache.get(job_id)
+        if cached is not None and not cached.meta_changed and not cached.changed:
+            del self._cache[job_id]
+
+    def start(
+        self,
+        job_id: str,
+        expected_tasks: int,
+        feature_names: list[str],
+        live: bool,
+        started_at: float | None = None,
+    ) -> JobMeta:
         """Register a job (idempotent: a repeated start keeps what the job has learned)."""
         existing = self.meta(job_id)
         if existing is not None:
             return existing
-        meta = JobMeta(expected_tasks=expected_tasks, feature_names=feature_names, live=live)
+        meta = JobMeta(
+            expected_tasks=expected_tasks, feature_names=feature_names, live=live, started_at=started_at
+        )
         self._cache[job_id] = _CachedJob(meta, self.make_job(job_id, meta), 0, meta_changed=True)
         return meta
 

@@ -58,7 +58,8 @@ class WorkerMetrics:
         scrape that touched the Faust table before it started left the worker hanging on SIGTERM."""
         self.decision_latency = Histogram(
             "straggler_worker_decision_latency_seconds",
-            "from a checkpoint boundary's produced_at to its predictions sent (handed to the producer)",
+            "from a checkpoint boundary's produced_at (a live job's tick: its newest report) to its "
+            "predictions sent",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -79,15 +80,17 @@ class WorkerMetrics:
         self,
         decisions: Sequence[Decision],
         refit_seconds: float | None,
-        boundary_produced_at: float | None,
+        decided_from: float | None,
         sent_at: float,
     ) -> None:
-        """A checkpoint's predictions are sent (``sent_at``, wall clock)."""
+        """A checkpoint's predictions are sent (``sent_at``, wall clock); ``decided_from``: its
+        boundary's ``produced_at``, or for a live job's timer tick the time of the job's newest report
+        (None: the job has none)."""
         self.flags.inc(sum(d.is_straggler for d in decisions))
         if refit_seconds is not None:
             self.refit_seconds.observe(refit_seconds)
-        if boundary_produced_at is not None:  # timer ticks of live jobs have no producer's boundary
-            self.decision_latency.observe(max(0.0, sent_at - boundary_produced_at))
+        if decided_from is not None:
+            self.decision_latency.observe(max(0.0, sent_at - decided_from))
 
 
 async def input_lags(app: faust.App, topics: set[str]) -> dict[TopicPartition, int]:

@@ -30,6 +30,9 @@ class WorkerSettings:
     """Seconds between evaluations of a live job (one that sends no checkpoint boundaries)."""
     pending_grace: float = 30.0
     """How long events of a job wait for its job_event 'started' before they are dead-lettered."""
+    abandon_after: float | None = None
+    """Seconds a live job may stay silent before it is closed as abandoned; None: from the job's own
+    task lengths, bounded (`straggler.core.abandonment`)."""
     datadir: str | None = None
     admm_interval: float | None = None
     """Collaborative ADMM in the stream (``--method admm``): seconds between consensus rounds over the

@@ -19,13 +19,18 @@ from typing import Any, ClassVar, Literal, Self, get_type_hints
 
 SCHEMA_VERSION = 1
 """Version most events are written with today; `RelaunchCommand` is at version 2 (it names the task
-attempt), `Prediction` at 3 (it adds the straggle probability) and `DeadLetter` at 3 (it names the
-stage that wrote it, since 2; the executor is a stage since 3). `schemas.codec` reads every version
+attempt), `JobEvent` at 2 (it adds ``reason``: an abandoned job), `Prediction` at 3 (it adds the
+straggle probability) and `DeadLetter` at 3 (it names the stage that wrote it, since 2; the executor
+is a stage since 3). `schemas.codec` reads every version
 it ships a schema for."""
 
 TaskStatus = Literal["running", "finished", "failed", "killed"]
 JobEventKind = Literal["started", "ended"]
+ABANDONED = "abandoned"
+"""How the ``reason`` of a job the agent closed because it stopped reporting begins."""
 Action = Literal["relaunch", "duplicate", "kill"]
+HoldKind = Literal["no_estimate", "price", "budget", "machines", "rule"]
+"""Why a flagged task got no command (`MitigationNote`; `straggler.core.policies.HoldKind`)."""
 Stage = Literal["agent", "mitigator", "executor"]
 """Who wrote a dead letter: the Faust worker's agent or the mitigation consumer (both read the inputs),
 or a command executor (reads ``relaunch-commands``; `consumers.dask_executor`)."""
@@ -106,18 +111,25 @@ class TaskBatch(_EventBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEvent(_EventBase):
-    """A job started (announcing its task count) or ended."""
+    """A job started (announcing its task count) or ended (by its producer, or abandoned)."""
 
     EVENT_TYPE: ClassVar[str] = "job_event"
 
     type: Literal["job_event"] = "job_event"
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = 2
     job_id: str
     event: JobEventKind
     time: float
     expected_tasks: int | None = None
     sends_boundaries: bool | None = None
     feature_names: list[str] | None = None
+    reason: str | None = None
+    """Version 2: why the job ended when its producer did not end it (`ABANDONED`: the agent closed a
+    live job that stopped reporting); None when the producer ended it."""
+
+    @property
+    def abandoned(self) -> bool:
+        return self.event == "ended" and self.reason is not None and self.reason.startswith(ABANDONED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,6 +245,25 @@ class RelaunchCommand(_EventBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MitigationNote(_EventBase):
+    """Why the mitigator left a flagged task without a command (nothing acts on it; people read it)."""
+
+    EVENT_TYPE: ClassVar[str] = "mitigation_note"
+
+    type: Literal["mitigation_note"] = "mitigation_note"
+    schema_version: int = SCHEMA_VERSION
+    job_id: str
+    task_id: str
+    attempt: int
+    checkpoint_time: float
+    kind: HoldKind
+    reason: str
+    policy: str
+    issued_at: float
+    straggle_probability: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetter(_EventBase):
     """A record that could not be processed; build it with `schemas.codec.dead_letter_for`."""
 
@@ -262,6 +293,7 @@ Event = (
     | Prediction
     | PredictionBatch
     | RelaunchCommand
+    | MitigationNote
     | DeadLetter
 )
 
@@ -276,6 +308,7 @@ EVENT_CLASSES: dict[str, type[Event]] = {
         Prediction,
         PredictionBatch,
         RelaunchCommand,
+        MitigationNote,
         DeadLetter,
     )
 }

@@ -15,6 +15,7 @@ import re
 import sys
 import textwrap
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -75,6 +76,20 @@ def configure_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+EPOCH_TIMES_FROM = 1e9
+"""Times from here on (September 2001) are Unix times (a live job's, the cluster's clock); earlier
+ones are a replayed trace's seconds since its start."""
+
+
+def readable_time(t: float) -> str:
+    """A time for a log line: a Unix time as UTC (``2026-11-28 12:01:03.2 UTC``), a trace time as
+    ``trace 600 s``."""
+    if not math.isfinite(t) or t < EPOCH_TIMES_FROM:
+        return f"trace {t:g} s"
+    moment = datetime.fromtimestamp(t, tz=UTC)
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 100_000} UTC"
 
 
 def _number(kind: Callable[[str], float], text: str) -> float:

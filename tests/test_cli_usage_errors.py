@@ -51,6 +51,15 @@ WRONG_VALUES = {
         ["worker", "--bootstrap", NOBODY, "--live-interval", "-1"],
         "--live-interval",
     ),
+    "worker --abandon-after 0": (
+        ["worker", "--bootstrap", NOBODY, "--abandon-after", "0"],
+        "--abandon-after",
+    ),
+    "worker --abandon-after soon": (
+        ["worker", "--bootstrap", NOBODY, "--abandon-after", "soon"],
+        "--abandon-after",
+    ),
+    "topics create --topic-prefix": (["topics", "create", "--topic-prefix", "a b"], "--topic-prefix"),
     "worker --partitions 0": (["worker", "--bootstrap", NOBODY, "--partitions", "0"], "--partitions"),
     "worker --bootstrap": (["worker", "--bootstrap", "nohost"], "--bootstrap"),
     "mitigate --policy": (["mitigate", "--bootstrap", NOBODY, "--policy", "fastest"], "--policy"),

@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 from harness.liveview_run import browse, chromium, dump_dom, pipeline_and_view, wait_for
 
-from schemas import JobEvent, Prediction, RelaunchCommand, SchemaError, TaskCheckpoint, decode_each
+from schemas import (
+    JobEvent,
+    MitigationNote,
+    Prediction,
+    RelaunchCommand,
+    SchemaError,
+    TaskCheckpoint,
+    decode_each,
+)
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import closed_loop_replay, read_outputs, read_topic, replay_summary
@@ -142,6 +150,8 @@ class _TaskTruth:
     flagged: bool = False
     duplicates: list[tuple[float, int | None]] = field(default_factory=list)
     kills: list[tuple[float, int | None]] = field(default_factory=list)
+    note: tuple[float, str] | None = None
+    """The mitigator's latest note: why it has no command."""
 
     @property
     def copy(self) -> int | None:
@@ -173,11 +183,13 @@ class _JobTruth:
     expected: int | None = None
     tasks: dict[str, _TaskTruth] = field(default_factory=dict)
     commands: int = 0
+    reasons: list[tuple[str, str, str]] = field(default_factory=list)
+    """(task, action, reason (policy)) of each command."""
 
 
 def _what_the_topics_carried(bootstrap: str, topics: TopicNames) -> dict[str, _JobTruth]:
     jobs: dict[str, _JobTruth] = {}
-    for topic in (topics.job_events, topics.checkpoints, topics.predictions, topics.commands):
+    for topic in (topics.job_events, topics.checkpoints, topics.predictions, topics.commands, topics.notes):
         for value in read_topic(bootstrap, topic):
             try:
                 events = decode_each(value)
@@ -187,13 +199,15 @@ def _what_the_topics_carried(bootstrap: str, topics: TopicNames) -> dict[str, _J
                 if isinstance(e, JobEvent) and e.event == "started":
                     job = jobs.setdefault(e.job_id, _JobTruth())
                     job.started, job.expected = e.time, e.expected_tasks
-                elif isinstance(e, TaskCheckpoint | Prediction | RelaunchCommand):
+                elif isinstance(e, TaskCheckpoint | Prediction | RelaunchCommand | MitigationNote):
                     job = jobs.setdefault(e.job_id, _JobTruth())
                     _carried(job, job.tasks.setdefault(e.task_id, _TaskTruth()), e)
     return jobs
 
 
-def _carried(job: _JobTruth, task: _TaskTruth, e: TaskCheckpoint | Prediction | RelaunchCommand) -> None:
+def _carried(
+    job: _JobTruth, task: _TaskTruth, e: TaskCheckpoint | Prediction | RelaunchCommand | MitigationNote
+) -> None:
     if isinstance(e, TaskCheckpoint):
         task.machine = e.machine_id
         task.starts += [] if e.start_time is None else [e.start_time]
@@ -203,8 +217,12 @@ def _carried(job: _JobTruth, task: _TaskTruth, e: TaskCheckpoint | Prediction | 
         task.flagged |= e.is_straggler
         if task.prediction is None or e.checkpoint_time >= task.prediction[0]:
             task.prediction = (e.checkpoint_time, e.adjusted_latency, e.straggle_probability)
+    elif isinstance(e, MitigationNote):
+        if task.note is None or e.checkpoint_time >= task.note[0]:
+            task.note = (e.checkpoint_time, e.reason)
     else:
         job.commands += 1
+        job.reasons.append((e.task_id, e.action, f"{e.reason} ({e.policy})"))
         assert e.action in ("duplicate", "kill"), "the speculate policy copies and kills"
         (task.duplicates if e.action == "duplicate" else task.kills).append((e.checkpoint_time, e.attempt))
 
@@ -312,7 +330,7 @@ def test_the_page_shows_jobs_tasks_and_timelines_as_the_topics_and_the_replay_re
         assert _value(cells["elapsed"]) == pytest.approx(task.elapsed, abs=1e-9)
         assert cells["attempts"].all_text() == str(task.attempts)
         assert cells["machine"].all_text() == task.machine
-        assert cells["status"].all_text() == "finished"
+        assert cells["status"].children[0].all_text() == "finished"
         assert cells["copy"].all_text() == task.copy_result
         assert task.prediction is not None, "every task was judged at least once"
         assert _value(cells["predicted"]) == pytest.approx(task.prediction[1])
@@ -342,6 +360,29 @@ def test_the_page_shows_jobs_tasks_and_timelines_as_the_topics_and_the_replay_re
     assert [task for task, _ in flagged] == [task for _, task in with_one] + without, (
         "ties by task, none last"
     )
+    # Each flagged task without a copy says why (the mitigator's note: price, budget, rule not met).
+    held = {task for task in flagged_truth if truth.tasks[task].copy is None}
+    assert held, "the scenario must leave a flagged task without a copy"
+    for task_id, cells in flagged:
+        note = truth.tasks[task_id].note
+        said = cells["status"].find(lambda n: "why" in n.classes())
+        if task_id in held:
+            assert note is not None and note[1].startswith("no copy: "), task_id
+            assert [n.all_text() for n in said] == [note[1]], task_id
+        else:
+            assert said == [], task_id
+
+    # The job's commands, newest first, each with its reason and the probability or rule behind it.
+    shown_commands = by_elapsed.by_id("commands").find(lambda n: n.tag == "tr" and "command" in n.classes())
+    assert len(shown_commands) == min(ROWS, truth.commands)
+    listed = [
+        (_cells(row)["task"].all_text(), _cells(row)["action"].all_text(), _cells(row)["reason"].all_text())
+        for row in shown_commands
+    ]
+    assert set(listed) <= set(truth.reasons)
+    duplicates = [r for _, action, r in listed if action == "duplicate"]
+    assert duplicates and all(r.startswith("copy: ") and r.endswith("(speculate)") for r in duplicates)
+    assert any("(p = " in r or "Spark's rule" in r for r in duplicates), duplicates
 
     # Filtered to the copied tasks, and by a search with a status.
     copied_truth = sorted(task for task, t in truth.tasks.items() if t.copy is not None)

@@ -14,15 +14,17 @@ from aiohttp import ClientSession, web
 from stream_events import prediction
 
 from consumers.liveview import TopicReader, make_app
-from consumers.liveview_state import SORT_KEYS, LiveViewState
+from consumers.liveview_state import KEEP_LETTERS, SORT_KEYS, LiveViewState
 from schemas import (
     CheckpointEvaluated,
     Event,
     JobEvent,
+    MitigationNote,
     Prediction,
     RelaunchCommand,
     TaskCheckpoint,
     command_id,
+    dead_letter_for,
     decode_each,
     encode,
     prediction_batches,
@@ -372,3 +374,99 @@ def test_compose_serves_the_view_on_the_host_loopback_only() -> None:
     args = build_parser().parse_args(service["command"][1:])
     assert args.func.__module__ == "consumers.liveview"
     assert service["ports"] == [f"127.0.0.1:{args.port}:{args.port}"]
+
+
+def test_a_job_the_agent_closed_as_abandoned_shows_as_abandoned_with_its_reason() -> None:
+    state = LiveViewState()
+    reason = "abandoned: no report for 301 s (limit 300 s), since 2026-11-28 12:00:30.0 UTC"
+    state.apply_all(
+        [
+            JobEvent(job_id="j", event="started", time=0.0, expected_tasks=3),
+            _task("a", 10.0),
+            JobEvent(job_id="j", event="ended", time=10.0, reason=reason),
+        ]
+    )
+    row = _job(state)
+    assert (row["status"], row["abandoned"], row["running"]) == ("abandoned", reason, 0)
+    assert state.summary()["totals"]["jobs_in_flight"] == 0
+    assert _detail(state)["table"]["rows"][0]["status"] == "unfinished"
+    state.apply(JobEvent(job_id="k", event="started", time=0.0, expected_tasks=1))
+    state.apply(JobEvent(job_id="k", event="ended", time=5.0))
+    assert (_job(state, "k")["status"], _job(state, "k")["abandoned"]) == ("ended", None)
+
+
+def test_a_job_never_started_waits_and_leaves_the_view_once_its_records_are_dead_lettered() -> None:
+    state = LiveViewState()
+    state.apply(_task("a", 10.0, job="ghost's"))
+    assert _job(state, "ghost's")["status"] == "waiting"
+    letter = dead_letter_for(
+        b"{}",
+        "task-checkpoints",
+        0,
+        7,
+        "event for unknown job \"ghost's\": no job_event 'started' within 30s",
+        stage="agent",
+    )
+    other = dead_letter_for(b"{}", "task-checkpoints", 0, 8, "event for unknown job 'j': ...", stage="agent")
+    state.apply_all(decode_each(encode(other)))
+    assert _job(state, "ghost's")["status"] == "waiting"
+    state.apply_all(decode_each(encode(letter)))
+    assert all(row["job_id"] != "ghost's" for row in state.summary()["jobs"])
+    assert state.summary()["totals"]["dead_letters"] == 2
+    started = LiveViewState()
+    started.apply_all([JobEvent(job_id="j", event="started", time=0.0, expected_tasks=1), _task("a", 1.0)])
+    late = "event for unknown job 'j': no job_event 'started' within 30s"  # a late record of an ended job
+    started.apply(dead_letter_for(b"{}", "task-checkpoints", 0, 9, late, stage="agent"))
+    assert _job(started)["status"] == "running", "a started job is never removed by a letter"
+
+
+def test_a_jobs_page_lists_its_commands_with_reasons_and_says_why_a_flagged_task_has_no_copy() -> None:
+    state = LiveViewState()
+    events = [e for e in _race(copy_wins=True) if not (isinstance(e, JobEvent) and e.event == "ended")]
+    why = "no copy: its expected saving is not worth its machine time at price 8 (p = 0.62)"
+    note = MitigationNote(
+        job_id="j",
+        task_id="c",
+        attempt=0,
+        checkpoint_time=20.0,
+        kind="price",
+        reason=why,
+        policy="speculate",
+        issued_at=1.7e9,
+        straggle_probability=0.62,
+    )
+    state.apply_all([*events, _task("c", 20.0), _prediction("c", 20.0, 20.0, 90.0), note])
+    state.apply_all(decode_each(encode(note)))  # read again: changes nothing
+    detail = _detail(state)
+    assert [(c["action"], c["task"], c["reason"]) for c in detail["commands"]] == [
+        ("kill", "b", "test"),
+        ("duplicate", "b", "test"),
+    ], "newest first, each with its reason"
+    rows = {r["task"]: r for r in detail["table"]["rows"]}
+    assert rows["c"]["why"] == why and rows["c"]["flagged"] and rows["c"]["copy"] is None
+    assert rows["b"]["why"] is None and rows["a"]["why"] is None
+    state.apply(_task("c", 40.0, "finished"))
+    assert {r["task"]: r for r in _detail(state)["table"]["rows"]}["c"]["why"] == why, (
+        "still said once it ended"
+    )
+    state.apply(_command("c", "duplicate", 30.0))
+    assert {r["task"]: r for r in _detail(state)["table"]["rows"]}["c"]["why"] is None, "copied after all"
+
+
+def test_dead_letters_are_listed_newest_first_with_their_source_and_reason() -> None:
+    state = LiveViewState()
+    for offset in range(KEEP_LETTERS + 5):
+        letter = dead_letter_for(
+            b"x", "task-checkpoints", 3, offset, f"bad {offset}", failed_at=1.7e9 + offset, stage="agent"
+        )
+        state.apply_all(decode_each(encode(letter)))
+    listed = state.summary()["dead_letters"]
+    assert len(listed) == KEEP_LETTERS and state.summary()["totals"]["dead_letters"] == KEEP_LETTERS + 5
+    newest = KEEP_LETTERS + 4
+    assert listed[0] == {
+        "failed_at": 1.7e9 + newest,
+        "stage": "agent",
+        "source": f"task-checkpoints[3]@{newest}",
+        "reason": f"bad {newest}",
+    }
+    assert [d["failed_at"] for d in listed] == sorted((d["failed_at"] for d in listed), reverse=True)

@@ -8,6 +8,7 @@ the consumer until it is idle, and read the committed commands with a read_commi
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import re
@@ -420,7 +421,10 @@ def test_the_consumer_waits_for_one_record_when_none_has_arrived() -> None:
 
 
 @pytest.mark.broker
-def test_unlimited_relaunches_each_flagged_task_once(kafka_bootstrap: str, fresh_topic_prefix: str) -> None:
+def test_unlimited_relaunches_each_flagged_task_once(
+    kafka_bootstrap: str, fresh_topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="consumers.mitigation")
     topics = setup_topics(kafka_bootstrap, fresh_topic_prefix)
     stream = Stream()
     flagged = []
@@ -451,6 +455,14 @@ def test_unlimited_relaunches_each_flagged_task_once(kafka_bootstrap: str, fresh
     assert stats.checkpoints == 3 * 3
     assert stats.consumed == len(stream.events)
     assert stats.dead_letters == stats.aborts == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "consumers.mitigation"]
+    ready = [line for line in lines if line.startswith("mitigator ready: ")]
+    (line,) = ready
+    reads = f"{topics.predictions}, {topics.checkpoints}, {topics.job_events}"
+    assert line.startswith(f"mitigator ready: broker {kafka_bootstrap}, reading {reads} (")
+    assert line.endswith(f"partitions here), writing {topics.commands}, {topics.dead_letters}")
+    said = [line for line in lines if line.startswith("command ")]
+    assert len(said) == len(flagged) and all(" relaunch of job " in line and "(" in line for line in said)
 
 
 @pytest.mark.broker

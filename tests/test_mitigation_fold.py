@@ -16,6 +16,7 @@ from schemas import (
     CheckpointEvaluated,
     Event,
     JobEvent,
+    MitigationNote,
     Prediction,
     RelaunchCommand,
     TaskCheckpoint,
@@ -142,15 +143,23 @@ def records(events: Sequence[Event]) -> list[tuple[bytes, str, int]]:
     return out
 
 
-def commands(state: MitigationState, recs: Sequence[tuple[bytes, str, int]]) -> list[Output]:
+def outputs(state: MitigationState, recs: Sequence[tuple[bytes, str, int]]) -> list[Output]:
     return [output for value, topic, offset in recs for output in state.process(value, topic, 0, offset)]
+
+
+def commands(state: MitigationState, recs: Sequence[tuple[bytes, str, int]]) -> list[Output]:
+    """The commands and dead letters the records cause (the notes left out)."""
+    return [output for output in outputs(state, recs) if not isinstance(output, MitigationNote)]
 
 
 # ---------------------------------------------------------------- the offline policy's commands
 
 
-def offline_commands(policy: str, plan: list[Checkpoint]) -> list[RelaunchCommand]:
-    """What the policy decides when driven directly, checkpoint by checkpoint (as the evaluator does)."""
+def offline_commands(
+    policy: str, plan: list[Checkpoint], holds: list[tuple[str, str, str]] | None = None
+) -> list[RelaunchCommand]:
+    """What the policy decides when driven directly, checkpoint by checkpoint (as the evaluator does);
+    ``holds`` gets the (task, kind, reason) of each flagged task it leaves without a command."""
     driven = make_policy(policy, INTERVAL)
     out = []
     for checkpoint in plan:
@@ -160,6 +169,8 @@ def offline_commands(policy: str, plan: list[Checkpoint]) -> list[RelaunchComman
         decisions = [decision_of(p) for p in checkpoint.predictions]
         for action in driven.on_checkpoint(checkpoint.job, checkpoint.at, decisions):
             out.append(command(policy, action))
+        if holds is not None:
+            holds += [(h.task_id, h.kind, h.reason) for h in driven.holds(checkpoint.job)]
     return out
 
 
@@ -180,10 +191,14 @@ def command(policy: str, action: Action) -> RelaunchCommand:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_the_fold_issues_the_commands_the_offline_policy_decides(policy: str) -> None:
     plan = checkpoints("j", seed=11)
-    expected = offline_commands(policy, plan)
+    holds: list[tuple[str, str, str]] = []
+    expected = offline_commands(policy, plan, holds)
     assert expected, "the scenario must cause commands"
     events = [event for checkpoint in plan for event in checkpoint.events()]
-    assert commands(fold(policy), records(events)) == expected
+    caused = outputs(fold(policy), records(events))
+    assert [o for o in caused if not isinstance(o, MitigationNote)] == expected
+    notes = [(o.task_id, o.kind, o.reason) for o in caused if isinstance(o, MitigationNote)]
+    assert notes == holds, "a note for each flagged task the policy left without a command"
 
 
 # ---------------------------------------------------------------- repeated and out-of-order records

@@ -32,6 +32,7 @@ from schemas import (
     DeadLetter,
     Event,
     JobEvent,
+    MitigationNote,
     Prediction,
     PredictionBatch,
     RelaunchCommand,
@@ -188,6 +189,17 @@ SAMPLES: list[Event] = [
         policy="limited:100",
         issued_at=1.7e9,
         checkpoint_time=120.0,
+    ),
+    MitigationNote(
+        job_id="job-7",
+        task_id="task-5",
+        attempt=0,
+        checkpoint_time=120.0,
+        kind="price",
+        reason="no copy: its expected saving is not worth its machine time at price 8 (p = 0.62)",
+        policy="speculate",
+        issued_at=1.7e9,
+        straggle_probability=0.62,
     ),
     dead_letter_for(
         b'{"type": "task_checkpoint", "schema_version": 9}',
@@ -550,7 +562,7 @@ def _with_latency_text(text: bytes) -> bytes:
             b'{"type": "job_event"}', "job_event.schema_version", "required", "missing", id="no-version"
         ),
         pytest.param(
-            b'{"type": "job_event", "schema_version": 2}',
+            b'{"type": "job_event", "schema_version": 3}',
             "job_event.schema_version",
             "version",
             f"known versions: {', '.join(map(str, KNOWN_VERSIONS['job_event']))}",
@@ -777,8 +789,8 @@ def test_dead_letter_survives_odd_inputs() -> None:
 
 def test_schema_error_message_fits_in_a_dead_letter() -> None:
     with pytest.raises(SchemaError) as info:
-        decode(b'{"type": "job_event", "schema_version": 2}')
-    payload = b'{"type": "job_event", "schema_version": 2}'
+        decode(b'{"type": "job_event", "schema_version": 3}')
+    payload = b'{"type": "job_event", "schema_version": 3}'
     letter = dead_letter_for(payload, "jobs", 1, 2, info.value, stage="agent")
     assert "job_event.schema_version" in letter.error and "(version)" in letter.error
     assert decode(encode(letter)) == letter

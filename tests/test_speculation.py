@@ -332,3 +332,57 @@ def test_sparks_rule_waits_for_three_quarters_of_the_tasks() -> None:
         policy.on_task_finished("job", f"s-{i}", 410.0, 410.0)
     copies = policy.on_checkpoint("job", 420.0, [])
     assert sorted(a.task_id for a in copies) == [f"s-{i}" for i in range(25, 30)]
+
+
+def test_a_flagged_task_left_without_a_copy_is_held_with_its_reason_once_per_reason() -> None:
+    broke = Speculate(budget=0.0, checkpoint_interval=10.0, stuck_prior=0.0, floor=None)
+    finished_job(broke)
+    assert (
+        broke.on_checkpoint("job", 400.0, [verdict("slow", 400.0, 400.0, flagged=True, probability=0.9)])
+        == []
+    )
+    (hold,) = broke.holds("job")
+    assert (hold.task_id, hold.attempt, hold.kind, hold.at) == ("slow", 0, "budget", 400.0)
+    assert hold.reason == "no copy: the job's copy budget (0% of its work) is spent (p = 0.90)"
+    assert broke.holds("job") == [], "said once"
+    broke.on_checkpoint("job", 410.0, [])
+    assert broke.holds("job") == [], "the same reason is not said again"
+
+    pricey = Speculate(machine_price=1e6, checkpoint_interval=10.0, stuck_prior=0.0)
+    finished_job(pricey, n=50)
+    pricey.on_checkpoint("job", 100.0, [verdict("slow", 100.0, 100.0, flagged=True, probability=0.6)])
+    (hold,) = pricey.holds("job")
+    assert hold.kind == "price" and "not worth its machine time at price 1e+06" in hold.reason
+    assert "Spark's rule not met: 98% of tasks finished" not in hold.reason
+    assert "Spark's rule not met: ran 100s, not over 1.5 x the median finished latency" in hold.reason
+
+    early = Speculate(checkpoint_interval=10.0)
+    early.on_checkpoint("job", 10.0, [verdict("slow", 10.0, 10.0, flagged=True)])
+    (hold,) = early.holds("job")
+    assert (
+        hold.kind == "no_estimate" and "Spark's rule not met: 0% of tasks finished, needs 75%" in hold.reason
+    )
+    assert not hold.reason.endswith(")"), "no probability: the method gives none"
+
+
+def test_a_pool_holds_the_flags_it_has_no_machine_for_and_spark_names_its_rule() -> None:
+    pool = Speculate(machines=1, checkpoint_interval=10.0)
+    finished_job(pool)
+    pool.on_checkpoint("job", 400.0, [verdict(f"slow-{i}", 400.0, 400.0, flagged=True) for i in range(3)])
+    assert sorted(h.kind for h in pool.holds("job")) == ["machines", "machines"]
+    spark = make_policy("spark", 10.0)
+    finished_job(spark, n=50)  # type: ignore[arg-type]
+    spark.on_checkpoint("job", 400.0, [verdict(f"s-{i}", 400.0, 400.0, flagged=True) for i in range(30)])
+    holds = spark.holds("job")
+    assert len(holds) == 30 and {h.kind for h in holds} == {"rule"}
+    assert holds[0].reason == "no copy: Spark's rule not met: 62% of tasks finished, needs 75%"
+
+
+def test_a_copys_reason_carries_the_probability_behind_it() -> None:
+    policy = Speculate(checkpoint_interval=10.0)
+    finished_job(policy)
+    (copy,) = policy.on_checkpoint(
+        "job", 400.0, [verdict("slow", 400.0, 400.0, flagged=True, probability=0.97)]
+    )
+    assert copy.reason.startswith("copy: ") and copy.reason.endswith("(p = 0.97)")
+    assert policy.holds("job") == []

@@ -7,6 +7,7 @@ below the core and may not import `Decision`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from operator import attrgetter
 
@@ -75,4 +76,15 @@ def decision_of(event: Prediction) -> Decision:
         model_version=event.model_version,
         attempt=event.attempt or 0,
         straggle_probability=none_to_nan(event.straggle_probability),
+    )
+
+
+def describe_flag(d: Decision, method: str) -> str:
+    """What a flag says, for the agent's log line: the task, the probability and the rule behind it
+    (the predicted latency against the job's straggler threshold)."""
+    p = "n/a" if math.isnan(d.straggle_probability) else f"{d.straggle_probability:.2f}"
+    predicted = "n/a" if math.isnan(d.adjusted_latency) else f"{d.adjusted_latency:.3g} s"
+    return (
+        f"task {d.task_id} attempt {d.attempt} flagged by {method}: p = {p}, predicted {predicted} "
+        f"(threshold {d.threshold:.3g} s, elapsed {d.elapsed:.3g} s)"
     )

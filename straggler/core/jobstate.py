@@ -202,6 +202,10 @@ class JobState:
                 changed.append(o.task_id)
         return changed
 
+    def latest_report(self) -> float | None:
+        """The time of the newest observation applied (None: none yet)."""
+        return max((record.observed_at for record in self.tasks.values()), default=None)
+
     def flag(self, task_id: str, at: float) -> None:
         self.flagged.setdefault(task_id, at)
 

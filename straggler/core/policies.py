@@ -37,10 +37,35 @@ class Action:
     """The attempt acted on: copied (duplicate), restarted (relaunch) or stopped (kill)."""
 
 
+HoldKind = Literal["no_estimate", "price", "budget", "machines", "rule"]  # = schemas.events.HoldKind
+"""Why a flagged task got no copy: no estimate of the job yet (too few tasks finished), the expected
+saving is not worth its machine time at the policy's price, the job's budget is spent, no spare
+machine is free, or the policy's rule (Spark's, Mantri's) is not met."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A flagged task the policy did not act on at a checkpoint, and why (a ``mitigation_note``)."""
+
+    job_id: str
+    task_id: str
+    attempt: int
+    at: float
+    kind: HoldKind
+    reason: str
+    probability: float = math.nan
+    """The straggle probability the policy weighed (NaN: the method gives none)."""
+
+
 class MitigationPolicy(ABC):
     """Base class; subclasses keep per-job state keyed by job id."""
 
     name: str = ""
+
+    def holds(self, job_id: str) -> list[Hold]:
+        """Flagged tasks of the job's last checkpoint left without a command whose reason changed
+        since it was last given (each said once per reason); the policies that copy every flag: none."""
+        return []
 
     @abstractmethod
     def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:

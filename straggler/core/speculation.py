@@ -24,7 +24,7 @@ import numpy as np
 
 from straggler.core.arrays import FloatArray, IntArray
 from straggler.core.online import Decision
-from straggler.core.policies import Action, MitigationPolicy
+from straggler.core.policies import Action, Hold, HoldKind, MitigationPolicy
 from straggler.core.survival import LatencySurvival
 
 TINY = 1e-300
@@ -63,6 +63,12 @@ class _Job:
     spent: float = 0.0
     """Expected extra machine time of the copies issued so far, seconds."""
     first_start: float = math.inf
+    flagged: set[str] = field(default_factory=set)
+    """Tasks the predictor flagged."""
+    held: dict[str, tuple[int, HoldKind]] = field(default_factory=dict)
+    """Flagged tasks left without a copy: (attempt, why) as last said."""
+    notes: list[Hold] = field(default_factory=list)
+    """Holds of the last checkpoint not said yet (`Speculate.holds`)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,9 @@ class CopyPlan:
     work: float
     floor_tasks: frozenset[str] = frozenset()
     """Those of ``tasks`` the floor rule added."""
+    held: dict[str, HoldKind] = field(default_factory=dict)
+    """Candidates left out, and why: ``price`` (not worth its machine time), ``budget`` (over the
+    job's budget) or ``machines`` (no spare machine); a running task not here had no estimate."""
 
 
 NO_PLAN = CopyPlan([], 0.0, 0.0, math.nan, math.nan)
@@ -109,6 +118,18 @@ class SparkRule:
             if at - r.start > limit and task_id not in job.copied and task_id not in job.races
         ]
         return [task_id for _, task_id in sorted(over, key=lambda x: (-x[0], x[1]))]
+
+    def unmet(self, job: _Job, at: float, task_id: str) -> str | None:
+        """Why the rule does not copy the running ``task_id`` now (None: it does, or did)."""
+        done, running = len(job.finished), len(job.running)
+        if not done or done < self.quantile * (done + running):
+            share = done / max(done + running, 1)
+            return f"{share:.0%} of tasks finished, needs {self.quantile:.0%}"
+        median = float(np.median(np.fromiter(job.finished.values(), dtype=np.float64)))
+        ran = at - job.running[task_id].start
+        if ran > self.multiplier * median:
+            return None
+        return f"ran {ran:.0f}s, not over {self.multiplier:g} x the median finished latency ({median:.0f}s)"
 
     def describe(self, job: _Job) -> str:
         median = float(np.median(np.fromiter(job.finished.values(), dtype=np.float64)))
@@ -187,6 +208,9 @@ class Speculate(MitigationPolicy):
             self.name += f"@{machine_price:g}"
         self._jobs: dict[str, _Job] = {}
 
+    unplanned: HoldKind = "no_estimate"
+    """Why a flagged task the plan did not weigh gets no copy (`holds`)."""
+
     def _job(self, job_id: str) -> _Job:
         return self._jobs.setdefault(job_id, _Job())
 
@@ -236,6 +260,8 @@ class Speculate(MitigationPolicy):
                 running.probability = 1.0  # the flag of a method that gives no probability
             job.running[d.task_id] = running
             job.first_start = min(job.first_start, running.start)
+            if d.is_straggler:
+                job.flagged.add(d.task_id)
         plan = self._with_floor(job, at, self.plan(job, at))
         for task_id in plan.tasks:
             running = job.running[task_id]
@@ -248,9 +274,42 @@ class Speculate(MitigationPolicy):
                     f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
                     f"for {plan.extra:.0f}s extra machine time (of {plan.work:.0f}s)"
                 )
-            actions.append(Action(job_id, task_id, "duplicate", at, reason, at, running.attempt))
+            actions.append(
+                Action(job_id, task_id, "duplicate", at, reason + _p(running), at, running.attempt)
+            )
         job.spent += plan.extra
+        self._hold(job_id, job, at, plan)
         return actions
+
+    def holds(self, job_id: str) -> list[Hold]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return []
+        notes, job.notes = job.notes, []
+        return notes
+
+    def _hold(self, job_id: str, job: _Job, at: float, plan: CopyPlan) -> None:
+        """Note each flagged task still running without a copy whose reason changed (`holds`)."""
+        for task_id in sorted(job.flagged):
+            running = job.running.get(task_id)
+            if running is None or task_id in job.copied or task_id in job.races:
+                continue
+            kind: HoldKind = plan.held.get(task_id, self.unplanned)
+            if job.held.get(task_id) == (running.attempt, kind):
+                continue
+            job.held[task_id] = (running.attempt, kind)
+            why = {
+                "rule": f"{self.name}'s rule not met",
+                "no_estimate": "no estimate of the job's remaining time yet (too few tasks finished)",
+                "price": f"its expected saving is not worth its machine time at price {self.machine_price:g}",
+                "budget": f"the job's copy budget ({self.budget:.0%} of its work) is spent",
+                "machines": f"no spare machine ({self.machines} copies at once)",
+            }[kind]
+            unmet = None if self.floor is None else self.floor.unmet(job, at, task_id)
+            rule = "" if unmet is None else f"Spark's rule not met: {unmet}"
+            reason = f"no copy: {rule if kind == 'rule' and rule else '; '.join(filter(None, [why, rule]))}"
+            reason += _p(running)
+            job.notes.append(Hold(job_id, task_id, running.attempt, at, kind, reason, running.probability))
 
     def _with_floor(self, job: _Job, at: float, plan: CopyPlan) -> CopyPlan:
         """``plan`` with the floor rule's copies added (no budget, but within ``machines``)."""
@@ -276,10 +335,13 @@ class Speculate(MitigationPolicy):
         copy_time = np.sum(tail * (1.0 - est.fresh), axis=1) * est.step  # E[min(R, C)]
         extra = copy_time - gain + 0.5 * self.checkpoint_interval
         order = np.argsort(-gain, kind="stable")
+        held: dict[str, HoldKind] = {}
         if self.machines is not None:
-            order = order[: max(self.machines - len(job.races), 0)]
+            free = max(self.machines - len(job.races), 0)
+            held.update(dict.fromkeys((est.ids[i] for i in est.candidates[order[free:]]), "machines"))
+            order = order[:free]
         if len(order) == 0:
-            return NO_PLAN
+            return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
         with_copy = 1.0 - tail[order] * (1.0 - est.fresh)
         change = np.log(np.maximum(with_copy, TINY)) - est.log_cdf[est.candidates[order]]
         ends = np.sum(1.0 - np.exp(est.all_done + np.cumsum(change, axis=0)), axis=1) * est.step
@@ -289,10 +351,18 @@ class Speculate(MitigationPolicy):
         affordable = job.spent + costs <= self.budget * est.work
         value = np.where(affordable, value, -np.inf)
         best = int(np.argmax(value))
-        if not value[best] > 0:
-            return NO_PLAN
-        chosen = [est.ids[i] for i in est.candidates[order[: best + 1]]]
-        return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work)
+        left = 0 if not value[best] > 0 else best + 1
+        for k in range(left, len(order)):
+            held[est.ids[est.candidates[order[k]]]] = "price" if affordable[k] else "budget"
+        if left == 0:
+            return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
+        chosen = [est.ids[i] for i in est.candidates[order[:left]]]
+        return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work, held=held)
+
+
+def _p(running: _Running) -> str:
+    """The probability a decision weighed, for its reason (none from a method that gives none)."""
+    return "" if not running.verdicts else f" (p = {running.probability:.2f})"
 
 
 def _weigh_verdict(running: _Running, previous: _Running, probability: float) -> None:
@@ -315,6 +385,8 @@ class Spark(Speculate):
         super().__init__(budget=math.inf, machines=machines, floor=rule)
         name = "spark" if rule == SPARK_4 else "spark-legacy" if rule == SPARK_LEGACY else "spark-rule"
         self.name = name if machines is None else f"{name}:{machines}"
+
+    unplanned: HoldKind = "rule"
 
     def plan(self, job: _Job, at: float) -> CopyPlan:
         return NO_PLAN
@@ -343,6 +415,8 @@ class MantriDuplicate(Speculate):
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         self.delta = delta
         self.name = "mantri-duplicate" if machines is None else f"mantri-duplicate:{machines}"
+
+    unplanned: HoldKind = "rule"
 
     def plan(self, job: _Job, at: float) -> CopyPlan:
         est = _estimate(job, at, self.grid_points, self.stuck_prior)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
-from straggler.argtypes import bootstrap_servers, port_or_zero, positive_int
+from straggler.argtypes import bootstrap_servers, port_or_zero, positive_int, topic_prefix
 from straggler.kafka.embedded import (
     DEFAULT_PORT,
     BrokerError,
@@ -73,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     create.add_argument(
         "--replication", type=positive_int, default=DEFAULT_REPLICATION, help="replicas of each partition"
+    )
+    create.add_argument(
+        "--topic-prefix",
+        type=topic_prefix,
+        default="",
+        help="namespace for all topics, as the stages' --topic-prefix",
     )
     add_broker_timeout_argument(create)
     add_kafka_config_argument(create)
@@ -182,7 +188,9 @@ def _topics_create(args: argparse.Namespace) -> int:
     bootstrap = args.bootstrap or default_bootstrap()
     wait_for_broker(bootstrap, args.broker_timeout)
     try:
-        created = create_topics(bootstrap, partitions=args.partitions, replication=args.replication)
+        created = create_topics(
+            bootstrap, partitions=args.partitions, replication=args.replication, prefix=args.topic_prefix
+        )
     except KafkaException as exc:
         print(f"error: creating topics on {bootstrap} failed: {exc}", file=sys.stderr)
         return EXIT_FAILED

@@ -5,11 +5,13 @@ A prefix lets several replays or tests share one broker without seeing each othe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from straggler.kafka.topics import (
     DEAD_LETTERS,
     JOB_EVENTS,
+    MITIGATION_NOTES,
     RELAUNCH_COMMANDS,
     STRAGGLER_PREDICTIONS,
     TASK_CHECKPOINTS,
@@ -37,6 +39,11 @@ class TopicNames:
         return self.prefix + RELAUNCH_COMMANDS
 
     @property
+    def notes(self) -> str:
+        """Why the mitigator left a flagged task without a command (`schemas.MitigationNote`)."""
+        return self.prefix + MITIGATION_NOTES
+
+    @property
     def dead_letters(self) -> str:
         return self.prefix + DEAD_LETTERS
 
@@ -53,4 +60,22 @@ class TopicNames:
         return self.prefix + "admm-online-exchange"
 
     def all(self) -> tuple[str, ...]:
-        return (self.checkpoints, self.job_events, self.predictions, self.commands, self.dead_letters)
+        return (
+            self.checkpoints,
+            self.job_events,
+            self.predictions,
+            self.commands,
+            self.dead_letters,
+            self.notes,
+        )
+
+
+def ready_line(
+    stage: str, bootstrap: str, reads: Sequence[str], writes: Sequence[str], partitions: int
+) -> str:
+    """The line a stage logs once it consumes: where, what it reads (``partitions`` of them assigned
+    to it) and what it writes."""
+    wrote = f", writing {', '.join(writes)}" if writes else ""
+    return (
+        f"{stage} ready: broker {bootstrap}, reading {', '.join(reads)} ({partitions} partitions here){wrote}"
+    )

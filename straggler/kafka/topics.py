@@ -8,7 +8,7 @@ parallelism and of per-key ordering) is decided here rather than by whichever cl
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ JOB_EVENTS = "job-events"
 STRAGGLER_PREDICTIONS = "straggler-predictions"
 RELAUNCH_COMMANDS = "relaunch-commands"
 DEAD_LETTERS = "dead-letters"
+MITIGATION_NOTES = "mitigation-notes"
 
 DEFAULT_PARTITIONS = 8
 DEFAULT_REPLICATION = 1
@@ -72,6 +73,7 @@ def topic_specs(
         spec(STRAGGLER_PREDICTIONS, week, "job id", "per-task straggler predictions at each checkpoint"),
         spec(RELAUNCH_COMMANDS, week, "job id", "relaunch decisions for predicted stragglers"),
         spec(DEAD_LETTERS, 30 * _DAY_MS, "source topic key", "records no stage could process, kept longer"),
+        spec(MITIGATION_NOTES, week, "job id", "why a flagged task got no command (for people: the view)"),
     )
 
 
@@ -141,6 +143,63 @@ def partition_count(bootstrap: str, topic: str) -> int:
     if described is None or described.error is not None:
         raise KeyError(f"topic {topic!r} does not exist on {bootstrap}")
     return len(described.partitions)
+
+
+def missing_topics(bootstrap: str, topics: Sequence[str]) -> list[str]:
+    """Those of ``topics`` the broker does not have (in their order)."""
+    admin = AdminClient(admin_config(bootstrap))
+    listed = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+    return [t for t in topics if t not in listed or listed[t].error is not None or not listed[t].partitions]
+
+
+def create_command(bootstrap: str, prefix: str) -> str:
+    """The command that creates the pipeline's topics on ``bootstrap`` under ``prefix``."""
+    named = f" --topic-prefix {prefix}" if prefix else ""
+    return f"straggler topics create --bootstrap {bootstrap}{named}"
+
+
+def missing_line(stage: str, bootstrap: str, missing: Sequence[str], prefix: str) -> str:
+    """What a stage says, once, while topics it needs are missing: which, and the command that
+    creates them."""
+    return (
+        f"{stage}: topic(s) {', '.join(missing)} missing on {bootstrap}; create them with "
+        f"`{create_command(bootstrap, prefix)}` (waiting for them)"
+    )
+
+
+def wait_for_topics(
+    stage: str,
+    bootstrap: str,
+    topics: Sequence[str],
+    prefix: str,
+    say: Callable[[str], None],
+    *,
+    every: float = 2.0,
+    stopped: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], None] = time.sleep,
+    missing: Callable[[str, Sequence[str]], list[str]] | None = None,
+    then: Callable[[str], None] | None = None,
+) -> bool:
+    """Wait until the broker has every one of ``topics``, saying once (``say``, `missing_line`) which
+    are missing and the command that creates them, and when they came (``then``, else ``say``);
+    False if ``stopped`` first."""
+    find = missing_topics if missing is None else missing
+    said = False
+    while not stopped():
+        try:
+            absent = find(bootstrap, topics)
+        except KafkaException:  # the broker is away for a moment: ask again (its clients say so)
+            sleep(every)
+            continue
+        if not absent:
+            if said:
+                (then or say)(f"{stage}: the topics exist now")
+            return True
+        if not said:
+            say(missing_line(stage, bootstrap, absent, prefix))
+            said = True
+        sleep(every)
+    return False
 
 
 def verify_partitions(bootstrap: str, specs: Sequence[TopicSpec]) -> list[str]:
