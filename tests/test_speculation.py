@@ -375,7 +375,7 @@ def test_a_pool_holds_the_flags_it_has_no_machine_for_and_spark_names_its_rule()
     spark.on_checkpoint("job", 400.0, [verdict(f"s-{i}", 400.0, 400.0, flagged=True) for i in range(30)])
     holds = spark.holds("job")
     assert len(holds) == 30 and {h.kind for h in holds} == {"rule"}
-    assert holds[0].reason == "no copy: Spark's rule not met: 62% of tasks finished, needs 75%"
+    assert holds[0].reason == "no copy: Spark's rule not met: 62% of tasks finished, needs 90%"
 
 
 def test_a_copys_reason_carries_the_probability_behind_it() -> None:
