@@ -41,7 +41,7 @@ PARTS: list[tuple[str, Any, str]] = [
     ("views", jobstate.JobState, "running_view"),
     ("threshold", online, "online_threshold"),
     ("fit", nurd.Nurd, "fit"),
-    ("fit.xgboost", nurd, "fit_regressor"),
+    ("fit.xgboost", nurd.GradientBoostedLatency, "fit"),
     ("fit.calibration", nurd.CalibratedGate, "_calibrate_ranking"),
     ("predict", nurd.Nurd, "predict"),
     ("xgboost.predict", xgb.Booster, "inplace_predict"),

@@ -9,7 +9,8 @@ import pytest
 import xgboost as xgb
 from sklearn.linear_model import LogisticRegression
 
-from straggler.core.fast_paths import fit_logistic, fit_regressor, positive_probability, regressor_predict
+from straggler.core.fast_paths import fit_booster, fit_logistic, positive_probability, regressor_predict
+from straggler.core.nurd import GradientBoostedLatency
 
 
 def _data(seed: int, n: int, d: int = 6) -> tuple[np.ndarray, np.ndarray]:
@@ -21,17 +22,27 @@ def _data(seed: int, n: int, d: int = 6) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize(("seed", "n"), [(0, 3), (1, 17), (2, 80), (3, 400)])
-def test_fit_regressor_is_xgboosts_fit(seed: int, n: int) -> None:
+@pytest.mark.parametrize(("depth", "rate"), [(4, 0.1), (2, 0.3)])
+def test_the_latency_regressor_is_xgboosts_regressor(seed: int, n: int, depth: int, rate: float) -> None:
+    """`GradientBoostedLatency.fit` (`fit_booster`, XGBoost's public ``train``) trains the very booster
+    the scikit-learn wrapper with the same parameters trains, byte for byte."""
     X, y = _data(seed, n)
-
-    def model() -> xgb.XGBRegressor:
-        return xgb.XGBRegressor(
-            n_estimators=30, max_depth=4, learning_rate=0.1, tree_method="hist", n_jobs=1, random_state=seed
-        )
-
-    library, fast = model().fit(X, y), fit_regressor(model(), X, y)
-    assert bytes(fast.get_booster().save_raw("ubj")) == bytes(library.get_booster().save_raw("ubj"))
-    assert np.array_equal(regressor_predict(fast, X), library.predict(X))
+    library = xgb.XGBRegressor(
+        n_estimators=30,
+        max_depth=depth,
+        learning_rate=rate,
+        tree_method="hist",
+        n_jobs=1,
+        random_state=seed,
+        verbosity=0,
+    )
+    library.fit(X, y)
+    part = GradientBoostedLatency(n_estimators=30, max_depth=depth, learning_rate=rate, n_threads=1)
+    booster = part.fit(X, y, random_state=seed)
+    assert bytes(booster.save_raw("ubj")) == bytes(library.get_booster().save_raw("ubj"))
+    assert np.array_equal(regressor_predict(booster, X), library.predict(X))
+    params = {k: v for k, v in library.get_xgb_params().items() if v is not None}
+    assert params == part.booster_params(seed)
 
 
 @pytest.mark.parametrize("balanced", [True, False])
@@ -67,7 +78,8 @@ def test_fit_logistic_leaves_other_inputs_to_scikit_learn() -> None:
 def test_regressor_predict_is_xgboosts_predict() -> None:
     X, y = _data(5, 60)
     model = xgb.XGBRegressor(n_estimators=20, max_depth=3, tree_method="hist", n_jobs=1, random_state=0)
-    model = fit_regressor(model, X, y)
+    model.fit(X, y)
+    booster = fit_booster(model.get_xgb_params(), X, y, 20)
     rows, _ = _data(6, 35)
     shapes: list[Any] = [
         rows,
@@ -78,17 +90,8 @@ def test_regressor_predict_is_xgboosts_predict() -> None:
         rows[:0],
     ]
     for Z in shapes:
-        fast = regressor_predict(model, Z)
+        fast = regressor_predict(booster, Z)
         assert fast.dtype == np.float32
         assert np.array_equal(fast, model.predict(Z))
     with pytest.raises(ValueError, match="shape mismatch"):
-        regressor_predict(model, rows[:, :3])
-
-
-def test_fit_regressor_leaves_other_models_to_xgboost() -> None:
-    X, y = _data(7, 50)
-    others: list[dict[str, Any]] = [{"booster": "gblinear"}, {"tree_method": "exact"}, {"callbacks": []}]
-    for params in others:
-        library = xgb.XGBRegressor(n_estimators=5, n_jobs=1, **params).fit(X, y)
-        fast = fit_regressor(xgb.XGBRegressor(n_estimators=5, n_jobs=1, **params), X, y)
-        assert np.array_equal(fast.predict(X), library.predict(X))
+        regressor_predict(booster, rows[:, :3])

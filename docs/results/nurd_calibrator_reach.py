@@ -39,7 +39,7 @@ def main() -> int:
         truth = dict(zip(trace.task_ids, (trace.latency >= threshold).tolist(), strict=True))
         for verdicts in recorded_decisions(job, trace):
             checkpoints += 1
-            if getattr(job.method, "calibrator_", None) is None:
+            if getattr(getattr(job.method, "gate_", None), "calibrator_", None) is None:
                 continue
             acting += 1
             y = np.array([truth[d.task_id] for d in verdicts])

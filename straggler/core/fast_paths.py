@@ -1,12 +1,16 @@
-"""The XGBoost and scikit-learn calls NURD makes at every checkpoint, bit for bit as the libraries'
-own but without their per-call wrappers (parameter introspection, input validation, per-round
-callbacks): at 100 tasks a job's checkpoint is mostly that overhead. `tests/test_fast_paths.py`
+"""The XGBoost and scikit-learn calls NURD makes at every checkpoint.
+
+XGBoost through its public API: `fit_booster` is what ``XGBRegressor.fit`` does for NURD's plain
+parameters (``xgboost.train`` on a `xgboost.QuantileDMatrix`), `regressor_predict` the booster's own
+in-place prediction, both without the scikit-learn wrapper's per-call parameter introspection.
+scikit-learn's logistic regression bit for bit but without its per-call wrappers (input validation,
+array-API dispatch): at 100 tasks a job's checkpoint is mostly that overhead. `tests/test_fast_paths.py`
 holds each to the library call it replaces, so a library upgrade that changes one shows there.
 """
 
 from __future__ import annotations
 
-import ctypes
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -17,114 +21,30 @@ from sklearn.linear_model import LogisticRegression
 
 from straggler.core.arrays import FloatArray
 
-try:  # the libraries' private names: a version without them takes the public calls
+try:  # the library's private names: a version without them takes the public calls
     from sklearn._loss.loss import HalfBinomialLoss
     from sklearn.linear_model._logistic import _LOGISTIC_SOLVER_CONVERGENCE_MSG
     from sklearn.utils.optimize import _check_optimize_result
-    from xgboost._data_utils import array_interface
-    from xgboost.core import _LIB, _check_call, c_bst_ulong, make_jcargs
 
     NATIVE = True
 except ImportError:  # pragma: no cover - only with other library versions
     NATIVE = False
 
 
-def fit_regressor(model: xgb.XGBRegressor, X: FloatArray, y: FloatArray) -> xgb.XGBRegressor:
-    """``model.fit(X, y)``. For a ``model`` with the hist tree method and nothing the wrapper adds to
-    training (callbacks, early stopping, evaluation metrics, a custom objective, categorical or
-    weighted features): the same parameters, `xgboost.QuantileDMatrix` and boosting rounds, one
-    native update per round without the wrapper's per-round feature checks and callbacks; otherwise
-    the wrapper's own ``fit``."""
-    params = _plain_params(model) if NATIVE else None
-    if params is None:
-        return model.fit(X, y)
-    with xgb.config_context(verbosity=model.verbosity):
-        train = xgb.QuantileDMatrix(
-            X, y, missing=model.missing, nthread=model.n_jobs, max_bin=model.max_bin, enable_categorical=False
-        )
-        booster = xgb.Booster(params, [train])
-        for round_ in range(model.get_num_boosting_rounds()):
-            _check_call(_LIB.XGBoosterUpdateOneIter(booster.handle, ctypes.c_int(round_), train.handle))
-    model._Booster = booster.reset()
-    return model
+def fit_booster(params: Mapping[str, Any], X: FloatArray, y: FloatArray, rounds: int) -> xgb.Booster:
+    """``rounds`` rounds of ``xgboost.train`` with booster ``params`` on ``X`` (NaN missing) and ``y``,
+    through a `xgboost.QuantileDMatrix` with XGBoost's default bins: the booster that
+    ``XGBRegressor(**params, n_estimators=rounds).fit(X, y)`` holds, for the hist tree method and
+    nothing the wrapper adds to training (callbacks, early stopping, evaluation sets, weights)."""
+    with xgb.config_context(verbosity=params.get("verbosity")):
+        train = xgb.QuantileDMatrix(X, y, missing=np.nan, nthread=params.get("n_jobs"))
+        return xgb.train(dict(params), train, num_boost_round=rounds, verbose_eval=False)
 
 
-_PLAIN_PARAMS: dict[tuple[tuple[str, Any], ...], dict[str, Any] | None] = {}
-"""`_plain_params` by a model's constructor attributes (``get_xgb_params`` inspects signatures)."""
-
-
-def _plain_params(model: xgb.XGBRegressor) -> dict[str, Any] | None:
-    """``model.get_xgb_params()`` if `fit_regressor` may train ``model`` natively, else None."""
-    attributes = tuple(sorted((k, v) for k, v in vars(model).items() if not k.startswith("_")))
-    try:
-        params = _PLAIN_PARAMS.get(attributes)
-        cached = attributes in _PLAIN_PARAMS
-    except TypeError:  # an unhashable parameter (a list of callbacks, a dict of constraints)
-        return None
-    if not cached:
-        plain = (
-            model.tree_method in ("hist", None, "auto")
-            and model.device in (None, "cpu")
-            and model.booster in (None, "gbtree")
-            and model.callbacks is None
-            and model.early_stopping_rounds is None
-            and model.eval_metric is None
-            and not callable(model.objective)
-            and not model.enable_categorical
-            and model.feature_types is None
-            and model.feature_weights is None
-            and not getattr(model, "kwargs", None)
-            and type(model) is xgb.XGBRegressor
-        )
-        params = model.get_xgb_params() if plain else None
-        if len(_PLAIN_PARAMS) >= 64:
-            _PLAIN_PARAMS.clear()
-        _PLAIN_PARAMS[attributes] = params
-    return None if params is None else dict(params)
-
-
-_PREDICT_ARGS = (
-    make_jcargs(
-        type=0,
-        training=False,
-        iteration_begin=0,
-        iteration_end=0,
-        missing=np.nan,
-        strict_shape=False,
-        cache_id=0,
-    )
-    if NATIVE
-    else b""
-)
-"""`xgboost.Booster.inplace_predict`'s arguments for values of every tree, NaN missing."""
-
-
-def regressor_predict(model: xgb.XGBRegressor, X: FloatArray) -> FloatArray:
-    """``model.predict(X)``: the booster's own in-place prediction, which the scikit-learn wrapper
-    calls for a NumPy array (all trees: NURD never stops early). For a C-ordered float64 ``X`` with
-    the model's features, the native call `inplace_predict` makes, with its arguments built once;
-    anything else goes through `inplace_predict`, which rejects it as before."""
-    booster = model.get_booster()
-    plain = X.dtype == np.float64 and X.ndim == 2 and len(X) > 0 and X.flags.c_contiguous
-    if not (NATIVE and plain and X.shape[1] == booster.num_features()):
-        return np.asarray(booster.inplace_predict(X, missing=np.nan))
-    shape = ctypes.POINTER(c_bst_ulong)()
-    dims = c_bst_ulong()
-    values = ctypes.POINTER(ctypes.c_float)()
-    _check_call(
-        _LIB.XGBoosterPredictFromDense(
-            booster.handle,
-            array_interface(X),
-            _PREDICT_ARGS,
-            ctypes.c_void_p(),
-            ctypes.byref(shape),
-            ctypes.byref(dims),
-            ctypes.byref(values),
-        )
-    )
-    if dims.value != 1 or shape[0] != len(X):
-        raise RuntimeError(f"XGBoost predicted a {dims.value}-d output for {len(X)} rows")
-    return np.ctypeslib.as_array(values, shape=(len(X),)).copy()
+def regressor_predict(booster: xgb.Booster, X: FloatArray) -> FloatArray:
+    """``XGBRegressor.predict(X)`` of the regressor holding ``booster``: the booster's in-place
+    prediction with every tree (NURD never stops early), NaN missing; float32, as XGBoost gives it."""
+    return np.asarray(booster.inplace_predict(X, missing=np.nan))
 
 
 def fit_logistic(
