@@ -58,7 +58,7 @@ def run_job(trace: JobTrace, driver: str, seed: int) -> dict[str, float]:
     per_checkpoint: list[float] = []
     sim = JobSimulation(trace, seed=0)
     for step in steps(sim, None):
-        t = step[1]
+        t = step.at
         began = time.perf_counter()
         observe_step(job.state, sim, step)
         decisions = job.checkpoint(t)
