@@ -6,7 +6,7 @@
         --format synthetic --jobs 40 --seed 0 --threshold online --checkpoint-seconds 60 \
         --methods prior-s15 --policies speculate --workers 1 --out DIR
 
-Presets (each a `SurvivalGate`; the shipped one is ``SurvivalGate(shrink=0.2)`` with the shipped
+Presets (each a `SurvivalPredictor`; the shipped one is ``SurvivalPredictor(shrink=0.2)`` with the shipped
 `PriorCalibration(-1.737, 0.713, 2.013)`):
 
 - ``prior-sS``: the shipped calibration, shrink S/100;
@@ -39,7 +39,7 @@ from straggler.core.prior_calibration import PriorCalibration, fit_prior_calibra
 from straggler.core.survival import LatencySurvival
 
 
-class InteractionGate(nurd.SurvivalGate):
+class InteractionGate(nurd.SurvivalPredictor):
     """The calibration with a prior x share term."""
 
     def prior(self, data):
@@ -48,7 +48,7 @@ class InteractionGate(nurd.SurvivalGate):
         return np.clip(expit(-1.7319 + 0.7198 * z + 2.0039 * share - 0.0109 * share * z), 1e-4, 1 - 1e-4)
 
 
-class CappedGate(nurd.SurvivalGate):
+class CappedGate(nurd.SurvivalPredictor):
     """The prior with P(latency >= threshold) at most 0.1, then calibrated."""
 
     def prior(self, data):
@@ -59,7 +59,7 @@ class CappedGate(nurd.SurvivalGate):
         return PriorCalibration(-0.7073, 0.8469, 0.9371).transform(capped, share)
 
 
-class JointGate(nurd.SurvivalGate):
+class JointGate(nurd.SurvivalPredictor):
     """One map of the raw prior, the model's probability (the gate at shrink 1) and the share."""
 
     def scores(self, model, data, view, latency, weight):
@@ -72,7 +72,7 @@ class JointGate(nurd.SurvivalGate):
         return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, expit(z))
 
 
-class BoldGate(nurd.SurvivalGate):
+class BoldGate(nurd.SurvivalPredictor):
     """The shipped gate with ``shift`` added to every probability's log-odds: a bolder `nurd`."""
 
     def __init__(self, shift: float = 0.0, **kwargs) -> None:
@@ -93,7 +93,7 @@ class CrossJobNurd(nurd.Nurd):
     learns_across_jobs = True
 
     def fit_population(self, jobs):
-        self.gate = nurd.SurvivalGate(calibration=fit_prior_calibration(jobs))
+        self.gate = nurd.SurvivalPredictor(calibration=fit_prior_calibration(jobs))
         print(f"prior-crossjob: {self.gate.calibration}", file=sys.stderr)
         return self
 
@@ -101,10 +101,10 @@ class CrossJobNurd(nurd.Nurd):
 RAW = PriorCalibration(0.0, 1.0, 0.0)
 for s in (15, 20, 25):
     nurd.PRESETS[f"prior-s{s}"] = lambda rs, s=s: nurd.Nurd(
-        gate=nurd.SurvivalGate(shrink=s / 100), random_state=rs
+        gate=nurd.SurvivalPredictor(shrink=s / 100), random_state=rs
     )
 nurd.PRESETS["prior-raw"] = lambda rs: nurd.Nurd(
-    gate=nurd.SurvivalGate(shrink=0.25, calibration=RAW), random_state=rs
+    gate=nurd.SurvivalPredictor(shrink=0.25, calibration=RAW), random_state=rs
 )
 for b in (1, 2, 3, 4):
     nurd.PRESETS[f"bold-{b}"] = lambda rs, b=b: nurd.Nurd(gate=BoldGate(shift=float(b)), random_state=rs)
