@@ -37,6 +37,7 @@ from schemas import (
 from straggler.core.jobtrace import JobTrace
 from straggler.core.registry import make_method
 from straggler.simulation import JobSimulation
+from straggler.xgboost_native import install as install_native_xgboost
 
 STAGES = ("decode", "apply", "write", "model", "predictions")
 WALL_CLOCK = 1.7e9
@@ -152,6 +153,7 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
 
 
 def main() -> int:
+    install_native_xgboost()  # as the worker does (`straggler.cli.main`)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,7 +1,11 @@
-"""The fast paths of `straggler.core.fast_paths` give exactly what the library calls they replace give."""
+"""The fast paths of `straggler.core.fast_paths` give exactly what the library calls they replace give,
+and so do the native XGBoost calls of `straggler.xgboost_native` (outside the core), which fail here
+when the XGBoost internals they rely on change (a version without them leaves NURD on the public
+calls)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -9,8 +13,16 @@ import pytest
 import xgboost as xgb
 from sklearn.linear_model import LogisticRegression
 
-from straggler.core.fast_paths import fit_booster, fit_logistic, positive_probability, regressor_predict
-from straggler.core.nurd import GradientBoostedLatency
+from straggler import xgboost_native
+from straggler.core import fast_paths
+from straggler.core.fast_paths import (
+    fit_logistic,
+    positive_probability,
+    public_fit_booster,
+    public_regressor_predict,
+)
+from straggler.core.method import CheckpointData
+from straggler.core.nurd import GradientBoostedLatency, Nurd
 
 
 def _data(seed: int, n: int, d: int = 6) -> tuple[np.ndarray, np.ndarray]:
@@ -40,7 +52,7 @@ def test_the_latency_regressor_is_xgboosts_regressor(seed: int, n: int, depth: i
     part = GradientBoostedLatency(n_estimators=30, max_depth=depth, learning_rate=rate, n_threads=1)
     booster = part.fit(X, y, random_state=seed)
     assert bytes(booster.save_raw("ubj")) == bytes(library.get_booster().save_raw("ubj"))
-    assert np.array_equal(regressor_predict(booster, X), library.predict(X))
+    assert np.array_equal(public_regressor_predict(booster, X), library.predict(X))
     params = {k: v for k, v in library.get_xgb_params().items() if v is not None}
     assert params == part.booster_params(seed)
 
@@ -75,11 +87,17 @@ def test_fit_logistic_leaves_other_inputs_to_scikit_learn() -> None:
     assert np.array_equal(fit_logistic(X, labels, C=1.0, max_iter=100, balanced=False).classes_, [2.0, 3.0])
 
 
-def test_regressor_predict_is_xgboosts_predict() -> None:
+@pytest.mark.parametrize(
+    "regressor_predict",
+    [public_regressor_predict, xgboost_native.regressor_predict],
+    ids=["public", "native"],
+)
+def test_regressor_predict_is_xgboosts_predict(regressor_predict: Callable[..., np.ndarray]) -> None:
+    """The public call in the core and the native one of `straggler.xgboost_native` (outside it)."""
     X, y = _data(5, 60)
     model = xgb.XGBRegressor(n_estimators=20, max_depth=3, tree_method="hist", n_jobs=1, random_state=0)
     model.fit(X, y)
-    booster = fit_booster(model.get_xgb_params(), X, y, 20)
+    booster = public_fit_booster(model.get_xgb_params(), X, y, 20)
     rows, _ = _data(6, 35)
     shapes: list[Any] = [
         rows,
@@ -95,3 +113,54 @@ def test_regressor_predict_is_xgboosts_predict() -> None:
         assert np.array_equal(fast, model.predict(Z))
     with pytest.raises(ValueError, match="shape mismatch"):
         regressor_predict(booster, rows[:, :3])
+
+
+@pytest.fixture
+def native_calls() -> Iterator[None]:
+    before = fast_paths.booster_calls()
+    assert xgboost_native.install()
+    yield
+    fast_paths.use_booster_calls(before)
+
+
+def test_the_xgboost_internals_it_uses_are_there() -> None:
+    """The pinned XGBoost has them; an upgrade that drops or renames one fails here, not in a job."""
+    assert xgboost_native.NATIVE
+    from xgboost._data_utils import array_interface
+    from xgboost.core import _LIB, _check_call, c_bst_ulong, make_jcargs
+
+    assert callable(array_interface) and callable(_check_call) and callable(make_jcargs)
+    assert hasattr(_LIB, "XGBoosterUpdateOneIter") and hasattr(_LIB, "XGBoosterPredictFromDense")
+    assert c_bst_ulong is not None
+
+
+@pytest.mark.parametrize(("seed", "n"), [(0, 3), (1, 17), (2, 80), (3, 400)])
+@pytest.mark.parametrize(("depth", "rate"), [(4, 0.1), (2, 0.3)])
+def test_a_native_fit_is_the_public_fit(seed: int, n: int, depth: int, rate: float) -> None:
+    X, y = _data(seed, n)
+    params = GradientBoostedLatency(max_depth=depth, learning_rate=rate).booster_params(seed)
+    public = fast_paths.public_fit_booster(params, X, y, 30)
+    native = xgboost_native.fit_booster(params, X, y, 30)
+    assert bytes(native.save_raw("ubj")) == bytes(public.save_raw("ubj"))
+
+
+def test_installed_nurd_decides_as_with_the_public_calls(native_calls: None) -> None:
+    """Installed, NURD's own fits and predictions go through the native calls, with the same result."""
+    assert fast_paths.booster_calls() is xgboost_native.NATIVE_BOOSTER_CALLS
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 3))
+    latency = np.exp(3 + X[:, 0] + 0.3 * rng.normal(size=300))
+    order = np.argsort(latency)
+    fin, run = order[:60], order[60:]
+    data = CheckpointData(
+        X[fin], latency[fin], X[run], np.full(240, latency[fin].max()), float(np.quantile(latency, 0.9)), 300
+    )
+    native = Nurd().fit(data).predict(data)
+    fast_paths.use_booster_calls(fast_paths.PUBLIC_BOOSTER_CALLS)
+    public = Nurd().fit(data).predict(data)
+    np.testing.assert_array_equal(native.probability, public.probability)
+    np.testing.assert_array_equal(native.latency, public.latency)
+
+
+def test_xgboost_is_imported_as_the_public_package() -> None:
+    assert xgboost_native.xgb is xgb

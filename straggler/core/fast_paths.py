@@ -1,8 +1,11 @@
 """The XGBoost and scikit-learn calls NURD makes at every checkpoint.
 
-XGBoost through its public API: `fit_booster` is what ``XGBRegressor.fit`` does for NURD's plain
-parameters (``xgboost.train`` on a `xgboost.QuantileDMatrix`), `regressor_predict` the booster's own
-in-place prediction, both without the scikit-learn wrapper's per-call parameter introspection.
+XGBoost through its public API: `public_fit_booster` is what ``XGBRegressor.fit`` does for NURD's
+plain parameters (``xgboost.train`` on a `xgboost.QuantileDMatrix`), `public_regressor_predict` the
+booster's own in-place prediction. NURD calls them through `fit_booster` and `regressor_predict`,
+which an adapter outside the core may point at faster equivalents (`use_booster_calls`;
+`straggler/xgboost_native.py`, bit for bit the same boosters and predictions through XGBoost's native
+calls: at 100 tasks the public calls' per-round and per-call checks cost a job's checkpoint about 15 %).
 scikit-learn's logistic regression bit for bit but without its per-call wrappers (input validation,
 array-API dispatch): at 100 tasks a job's checkpoint is mostly that overhead. `tests/test_fast_paths.py`
 holds each to the library call it replaces, so a library upgrade that changes one shows there.
@@ -10,8 +13,8 @@ holds each to the library call it replaces, so a library upgrade that changes on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 import xgboost as xgb
@@ -31,7 +34,7 @@ except ImportError:  # pragma: no cover - only with other library versions
     NATIVE = False
 
 
-def fit_booster(params: Mapping[str, Any], X: FloatArray, y: FloatArray, rounds: int) -> xgb.Booster:
+def public_fit_booster(params: Mapping[str, Any], X: FloatArray, y: FloatArray, rounds: int) -> xgb.Booster:
     """``rounds`` rounds of ``xgboost.train`` with booster ``params`` on ``X`` (NaN missing) and ``y``,
     through a `xgboost.QuantileDMatrix` with XGBoost's default bins: the booster that
     ``XGBRegressor(**params, n_estimators=rounds).fit(X, y)`` holds, for the hist tree method and
@@ -41,10 +44,43 @@ def fit_booster(params: Mapping[str, Any], X: FloatArray, y: FloatArray, rounds:
         return xgb.train(dict(params), train, num_boost_round=rounds, verbose_eval=False)
 
 
-def regressor_predict(booster: xgb.Booster, X: FloatArray) -> FloatArray:
+def public_regressor_predict(booster: xgb.Booster, X: FloatArray) -> FloatArray:
     """``XGBRegressor.predict(X)`` of the regressor holding ``booster``: the booster's in-place
     prediction with every tree (NURD never stops early), NaN missing; float32, as XGBoost gives it."""
     return np.asarray(booster.inplace_predict(X, missing=np.nan))
+
+
+class BoosterCalls(NamedTuple):
+    """How NURD trains and predicts with XGBoost: `public_fit_booster` and `public_regressor_predict`,
+    or functions that give bit for bit the same boosters and predictions."""
+
+    fit: Callable[[Mapping[str, Any], FloatArray, FloatArray, int], xgb.Booster]
+    predict: Callable[[xgb.Booster, FloatArray], FloatArray]
+
+
+PUBLIC_BOOSTER_CALLS = BoosterCalls(public_fit_booster, public_regressor_predict)
+_booster_calls = [PUBLIC_BOOSTER_CALLS]
+
+
+def use_booster_calls(calls: BoosterCalls) -> None:
+    """Make `fit_booster` and `regressor_predict` use ``calls`` (`PUBLIC_BOOSTER_CALLS`: XGBoost's
+    public API) from now on, in this process."""
+    _booster_calls[0] = calls
+
+
+def booster_calls() -> BoosterCalls:
+    """The calls `fit_booster` and `regressor_predict` use now."""
+    return _booster_calls[0]
+
+
+def fit_booster(params: Mapping[str, Any], X: FloatArray, y: FloatArray, rounds: int) -> xgb.Booster:
+    """`public_fit_booster`, through the calls in use (`use_booster_calls`)."""
+    return _booster_calls[0].fit(params, X, y, rounds)
+
+
+def regressor_predict(booster: xgb.Booster, X: FloatArray) -> FloatArray:
+    """`public_regressor_predict`, through the calls in use (`use_booster_calls`)."""
+    return _booster_calls[0].predict(booster, X)
 
 
 def fit_logistic(
