@@ -36,8 +36,8 @@ from schemas import (
 )
 from straggler.core.jobtrace import JobTrace
 from straggler.core.registry import make_method
+from straggler.native_calls import install as install_native_calls
 from straggler.simulation import JobSimulation
-from straggler.xgboost_native import install as install_native_xgboost
 
 STAGES = ("decode", "apply", "write", "model", "predictions")
 WALL_CLOCK = 1.7e9
@@ -153,7 +153,7 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
 
 
 def main() -> int:
-    install_native_xgboost()  # as the worker does (`straggler.cli.main`)
+    install_native_calls()  # as the worker does (`straggler.cli.main`)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -27,9 +27,9 @@ from straggler.core.metrics import confusion
 from straggler.core.nurd import make_nurd
 from straggler.core.online import OnlineJob
 from straggler.core.threshold import oracle_threshold
+from straggler.native_calls import install as install_native_calls
 from straggler.simulation import JobSimulation, observe_step, steps
 from straggler.traces.synthetic import generate_jobs
-from straggler.xgboost_native import install as install_native_xgboost
 
 DRIVERS: dict[str, tuple[Callable[[int], StragglerMethod], float]] = {
     "nurd": (lambda seed: make_nurd("nurd", random_state=seed), 0.25),
@@ -80,7 +80,7 @@ def run_job(trace: JobTrace, driver: str, seed: int) -> dict[str, float]:
 
 
 def main() -> int:
-    install_native_xgboost()  # as the worker does (`straggler.cli.main`)
+    install_native_calls()  # as the worker does (`straggler.cli.main`)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -1,6 +1,6 @@
 """The fast paths of `straggler.core.fast_paths` give exactly what the library calls they replace give,
-and so do the native XGBoost calls of `straggler.xgboost_native` (outside the core), which fail here
-when the XGBoost internals they rely on change (a version without them leaves NURD on the public
+and so do the native calls of `straggler.native_calls` (outside the core), which fail here
+when the library internals they rely on change (a version without them leaves NURD on the public
 calls)."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import pytest
 import xgboost as xgb
 from sklearn.linear_model import LogisticRegression
 
-from straggler import xgboost_native
+from straggler import native_calls
 from straggler.core import fast_paths
 from straggler.core.fast_paths import (
-    fit_logistic,
     positive_probability,
     public_fit_booster,
     public_regressor_predict,
@@ -66,7 +65,7 @@ def test_fit_logistic_is_scikit_learns_fit(seed: int, n: int, C: float, balanced
     for columns in (X, X[:, :1], X[:, 1:3]):  # contiguous and strided
         library = LogisticRegression(C=C, max_iter=300, class_weight="balanced" if balanced else None)
         library.fit(columns, y)
-        fast = fit_logistic(columns, y, C=C, max_iter=300, balanced=balanced)
+        fast = native_calls.fit_logistic(columns, y, C=C, max_iter=300, balanced=balanced)
         assert np.array_equal(fast.coef_, library.coef_)
         assert np.array_equal(fast.intercept_, library.intercept_)
         assert np.array_equal(fast.classes_, library.classes_)
@@ -78,22 +77,23 @@ def test_fit_logistic_is_scikit_learns_fit(seed: int, n: int, C: float, balanced
 def test_fit_logistic_leaves_other_inputs_to_scikit_learn() -> None:
     X = np.arange(12.0).reshape(6, 2)
     with pytest.raises(ValueError, match="NaN"):
-        fit_logistic(
+        native_calls.fit_logistic(
             np.where(X > 10, np.nan, X), np.array([0.0, 1.0] * 3), C=1.0, max_iter=100, balanced=True
         )
     with pytest.raises(ValueError, match="one class"):
-        fit_logistic(X, np.zeros(6), C=1.0, max_iter=100, balanced=False)
+        native_calls.fit_logistic(X, np.zeros(6), C=1.0, max_iter=100, balanced=False)
     labels = np.array([2.0, 3.0] * 3)  # not 0 / 1: scikit-learn's own fit, classes as given
-    assert np.array_equal(fit_logistic(X, labels, C=1.0, max_iter=100, balanced=False).classes_, [2.0, 3.0])
+    fitted = native_calls.fit_logistic(X, labels, C=1.0, max_iter=100, balanced=False)
+    assert np.array_equal(fitted.classes_, [2.0, 3.0])
 
 
 @pytest.mark.parametrize(
     "regressor_predict",
-    [public_regressor_predict, xgboost_native.regressor_predict],
+    [public_regressor_predict, native_calls.regressor_predict],
     ids=["public", "native"],
 )
 def test_regressor_predict_is_xgboosts_predict(regressor_predict: Callable[..., np.ndarray]) -> None:
-    """The public call in the core and the native one of `straggler.xgboost_native` (outside it)."""
+    """The public call in the core and the native one of `straggler.native_calls` (outside it)."""
     X, y = _data(5, 60)
     model = xgb.XGBRegressor(n_estimators=20, max_depth=3, tree_method="hist", n_jobs=1, random_state=0)
     model.fit(X, y)
@@ -116,22 +116,28 @@ def test_regressor_predict_is_xgboosts_predict(regressor_predict: Callable[..., 
 
 
 @pytest.fixture
-def native_calls() -> Iterator[None]:
-    before = fast_paths.booster_calls()
-    assert xgboost_native.install()
+def installed() -> Iterator[None]:
+    before = fast_paths.library_calls()
+    native_calls.install()
     yield
-    fast_paths.use_booster_calls(before)
+    fast_paths.use_library_calls(before)
 
 
-def test_the_xgboost_internals_it_uses_are_there() -> None:
-    """The pinned XGBoost has them; an upgrade that drops or renames one fails here, not in a job."""
-    assert xgboost_native.NATIVE
+def test_the_library_internals_the_native_calls_use_are_there() -> None:
+    """The pinned XGBoost and scikit-learn have them; an upgrade that drops or renames one fails
+    here, not in a job (which would quietly take the public, slower call)."""
+    assert native_calls.NATIVE_XGBOOST and native_calls.NATIVE_SKLEARN
+    from sklearn._loss.loss import HalfBinomialLoss
+    from sklearn.linear_model._logistic import _LOGISTIC_SOLVER_CONVERGENCE_MSG
+    from sklearn.utils.optimize import _check_optimize_result
     from xgboost._data_utils import array_interface
     from xgboost.core import _LIB, _check_call, c_bst_ulong, make_jcargs
 
     assert callable(array_interface) and callable(_check_call) and callable(make_jcargs)
     assert hasattr(_LIB, "XGBoosterUpdateOneIter") and hasattr(_LIB, "XGBoosterPredictFromDense")
     assert c_bst_ulong is not None
+    assert callable(HalfBinomialLoss().loss_gradient) and callable(_check_optimize_result)
+    assert isinstance(_LOGISTIC_SOLVER_CONVERGENCE_MSG, str)
 
 
 @pytest.mark.parametrize(("seed", "n"), [(0, 3), (1, 17), (2, 80), (3, 400)])
@@ -140,13 +146,13 @@ def test_a_native_fit_is_the_public_fit(seed: int, n: int, depth: int, rate: flo
     X, y = _data(seed, n)
     params = GradientBoostedLatency(max_depth=depth, learning_rate=rate).booster_params(seed)
     public = fast_paths.public_fit_booster(params, X, y, 30)
-    native = xgboost_native.fit_booster(params, X, y, 30)
+    native = native_calls.fit_booster(params, X, y, 30)
     assert bytes(native.save_raw("ubj")) == bytes(public.save_raw("ubj"))
 
 
-def test_installed_nurd_decides_as_with_the_public_calls(native_calls: None) -> None:
+def test_installed_nurd_decides_as_with_the_public_calls(installed: None) -> None:
     """Installed, NURD's own fits and predictions go through the native calls, with the same result."""
-    assert fast_paths.booster_calls() is xgboost_native.NATIVE_BOOSTER_CALLS
+    assert fast_paths.library_calls() is native_calls.NATIVE_CALLS
     rng = np.random.default_rng(0)
     X = rng.normal(size=(300, 3))
     latency = np.exp(3 + X[:, 0] + 0.3 * rng.normal(size=300))
@@ -156,11 +162,7 @@ def test_installed_nurd_decides_as_with_the_public_calls(native_calls: None) -> 
         X[fin], latency[fin], X[run], np.full(240, latency[fin].max()), float(np.quantile(latency, 0.9)), 300
     )
     native = Nurd().fit(data).predict(data)
-    fast_paths.use_booster_calls(fast_paths.PUBLIC_BOOSTER_CALLS)
+    fast_paths.use_library_calls(fast_paths.PUBLIC_CALLS)
     public = Nurd().fit(data).predict(data)
     np.testing.assert_array_equal(native.probability, public.probability)
     np.testing.assert_array_equal(native.latency, public.latency)
-
-
-def test_xgboost_is_imported_as_the_public_package() -> None:
-    assert xgboost_native.xgb is xgb
