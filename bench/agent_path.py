@@ -23,7 +23,7 @@ from benchlib import concurrent_jobs, machine
 
 from pipeline.handler import InputRecord, JobEventHandler
 from pipeline.jobstore import JobStore, new_online_job
-from producers.replayer import ReplayResult, TraceReplayer, _ended, _started
+from producers.replayer import ReplayResult, TraceReplayer, ended_event, started_event
 from schemas import (
     CheckpointBoundary,
     Event,
@@ -62,10 +62,10 @@ def replayed_records(traces: Sequence[JobTrace]) -> list[InputRecord]:
     result = ReplayResult(0, 0, len(traces), 0, 0.0)
     for trace in traces:
         sim = JobSimulation(trace, 0)
-        send("", trace.job_id, _started(trace))
+        send("", trace.job_id, started_event(trace))
         for k, t in enumerate(trace.checkpoints):
             replayer._publish_checkpoint(sim, sim.step(k, float(t)), send, send_tasks, result)
-        send("", trace.job_id, _ended(trace, float(trace.checkpoints[-1])))
+        send("", trace.job_id, ended_event(trace, float(trace.checkpoints[-1])))
     return records
 
 

@@ -19,7 +19,11 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
-from straggler.fault_scenarios import SCENARIOS, ScenarioResult, Sizes
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+if str(TESTS) not in sys.path:  # the scenarios are test harness (tests/harness), run here as a file
+    sys.path.insert(0, str(TESTS))
+
+from harness.fault_scenarios import SCENARIOS, ScenarioResult, Sizes  # noqa: E402
 
 COLUMNS = (
     "scenario",

@@ -5,7 +5,7 @@ transaction's commands are never seen) and, for the tasks the adapter submitted
 (`producers.dask_job`), turns each command into an action on the cluster through
 `straggler.core.execution.ExecutionBook`, which decides:
 
-- ``duplicate``: a copy of the attempt (same scattered call: same function, same arguments) on
+- ``duplicate``: a copy of the attempt (the same packed call: same function, same arguments) on
   another worker, as the next attempt; the adapter's future resolves to the first that finishes;
 - ``kill``: the attempt is cancelled, and its worker's slot freed. Dask's cancel forgets the task
   but cannot stop a thread that runs it: the slot is free once the function returns, at once when

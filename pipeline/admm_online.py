@@ -84,7 +84,7 @@ class AdmmWiring:
             use_consensus(job.method, self.consensus(), job.state.n_features)
 
     def retire(self, job_id: str) -> None:
-        job = self.store.job(job_id)
+        job = self.store.peek(job_id)
         if job is not None and job.state.n_features:
             _, X, latency = job.state.finished()
             self.admm.retire(partition_of(job_id, self.n_partitions), job_id, X, latency)
@@ -102,7 +102,7 @@ class AdmmWiring:
             def rows(dim: int | None) -> list[Rows]:
                 found: dict[str, Rows] = dict(self.admm.retained(p))
                 for job_id in by_partition[p]:
-                    job = self.store.job(job_id)
+                    job = self.store.peek(job_id)
                     if job is None or not job.state.n_features:
                         continue
                     if dim is not None and job.state.n_features != dim:
@@ -139,7 +139,11 @@ def install(app: faust.App, settings: WorkerSettings, store: JobStore) -> AdmmWi
 
     @app.timer(interval=settings.admm_interval)
     async def admm_round() -> None:
-        """Each owned node sends its message for the round after the latest consensus."""
+        """Each owned node sends its message for the round after the latest consensus; not while
+        partitions move: the assignment is in flux (`keep_partitions` would drop retained rows), and
+        a recovery may still be filling the tables (Faust resumes the flow before it has read them)."""
+        if app.rebalancing or app.in_recovery or not app.flow_control.is_active():
+            return
         owned = owned_partitions()
         admm.keep_partitions(owned)
         if not owned:

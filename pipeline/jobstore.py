@@ -188,10 +188,29 @@ class JobStore:
         return cached.job
 
     def job(self, job_id: str) -> OnlineJob | None:
-        """The job's `OnlineJob`, from the cache or rebuilt from the tables; None if unknown."""
+        """The job's `OnlineJob`, from the cache or rebuilt from the tables (and cached); None if unknown.
+
+        For the agent only: what it caches is the job's truth until the next commit."""
         cached = self._cache.get(job_id)
-        if cached is not None:
-            return cached.job
+        if cached is None:
+            cached = self._load(job_id)
+            if cached is not None:
+                self._cache[job_id] = cached
+        return None if cached is None else cached.job
+
+    def peek(self, job_id: str) -> OnlineJob | None:
+        """The job's tasks as `job` gives them, never cached and without its model: for readers beside
+        the agent (the ADMM round timer), which may run while a recovery is still filling the tables.
+        A job loaded half-way and cached would be the agent's truth from then on, its missing tasks
+        lost."""
+        cached = self._cache.get(job_id)
+        if cached is None:
+            cached = self._load(job_id, with_model=False)
+        return None if cached is None else cached.job
+
+    def _load(self, job_id: str, with_model: bool = True) -> _CachedJob | None:
+        """The job rebuilt from the tables (its model too, unless not ``with_model``); None if unknown
+        or dropped since the last commit."""
         payload = self.jobs.get(job_id.encode())
         if payload is None or job_id in self._ended:
             return None
@@ -206,12 +225,11 @@ class JobStore:
                     job.state.flagged[task_id] = flagged_at
         meta.restore(job)
         job.state.forget_views()
-        if meta.model_version > 0:
+        if with_model and meta.model_version > 0:
             self._restore_model(job, meta.model_version)
         next_sequence = int(rows[-1][0].rsplit(SEPARATOR.encode(), 1)[1]) + 1 if rows else 0
         # the job row's flags reach a task row with the job's next commit
-        self._cache[job_id] = _CachedJob(meta, job, next_sequence, changed=set(meta.checkpoint_flags))
-        return job
+        return _CachedJob(meta, job, next_sequence, changed=set(meta.checkpoint_flags))
 
     def _restore_model(self, job: OnlineJob, version: int) -> None:
         """Give ``job`` its stored model ``version``; if the row is missing (the changelog lost a

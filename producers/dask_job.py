@@ -109,17 +109,17 @@ class SpeculativeJob:
         if task_id in self._tasks:
             raise ValueError(f"job {self.job_id!r} already has a task {task_id!r}")
         call = TaskCall(fn, args, kwargs, kind=getattr(fn, "__name__", type(fn).__name__))
-        [scattered] = self.client.scatter([call], hash=False)
+        packed = call.packed()
         first = self.client.submit(
             run_attempt,
-            scattered,
+            packed,
             self.job_id,
             task_id,
             0,
             key=attempt_key(self.job_id, task_id, 0),
             pure=False,
         )
-        record = TaskRecord(self.job_id, task_id, scattered, {0: first}, copyable=pure)
+        record = TaskRecord(self.job_id, task_id, packed, {0: first}, copyable=pure)
         self.client.publish_dataset(record.published(), name=task_record_name(self.job_id, task_id))
         future = SpeculativeFuture(self, task_id, {0: first})
         self._tasks[task_id] = future

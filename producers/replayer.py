@@ -478,7 +478,7 @@ class TraceReplayer:
                 starting = [j for j in active if next_k[j] == 0]
                 for j in starting:
                     trace = self.traces[j]
-                    send(self.topics.job_events, trace.job_id, _started(trace))
+                    send(self.topics.job_events, trace.job_id, started_event(trace))
                     log.info("job %s started at %g: %d tasks", trace.job_id, t, trace.n_tasks)
                 if starting:
                     _flush(producer)  # a job's start is on the broker before its first task event
@@ -488,7 +488,7 @@ class TraceReplayer:
                     next_k[j] += 1
                     self._publish_checkpoint(sims[j], step, send, send_tasks, result)
                     if not self.closed_loop and k == len(self.traces[j].checkpoints) - 1:
-                        send(self.topics.job_events, self.traces[j].job_id, _ended(self.traces[j], t))
+                        send(self.topics.job_events, self.traces[j].job_id, ended_event(self.traces[j], t))
                         log.info("job %s ended at %g", self.traces[j].job_id, t)
                 if watch is not None:
                     _flush(producer)
@@ -507,8 +507,9 @@ class TraceReplayer:
                                 bar.total += 1
                             insort(schedule[c], j)
                         if not added and sims[j].checkpoints[-1] == t:
-                            send(self.topics.job_events, self.traces[j].job_id, _ended(self.traces[j], t))
-                            log.info("job %s ended at %g", self.traces[j].job_id, t)
+                            job_id = self.traces[j].job_id
+                            send(self.topics.job_events, job_id, ended_event(self.traces[j], t))
+                            log.info("job %s ended at %g", job_id, t)
                 result.instants += 1
                 bar.update()
             _flush(producer)
@@ -646,7 +647,9 @@ def _smallest_spacing(traces: Sequence[JobTrace]) -> float | None:
     return min(positive) if positive else None
 
 
-def _started(trace: JobTrace) -> JobEvent:
+def started_event(trace: JobTrace) -> JobEvent:
+    """The job's ``started`` event: at its first task's start (its first checkpoint when no task has
+    started), with its expected task count and feature names; the replayer sends checkpoint boundaries."""
     starts = trace.start[np.isfinite(trace.start)]
     first = float(starts.min()) if len(starts) else float(trace.checkpoints[0])
     return JobEvent(
@@ -659,7 +662,8 @@ def _started(trace: JobTrace) -> JobEvent:
     )
 
 
-def _ended(trace: JobTrace, t: float) -> JobEvent:
+def ended_event(trace: JobTrace, t: float) -> JobEvent:
+    """The job's ``ended`` event, at ``t``."""
     return JobEvent(job_id=trace.job_id, event="ended", time=t)
 
 

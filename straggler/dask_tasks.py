@@ -2,8 +2,9 @@
 the adapter (`producers.dask_job`), the telemetry plugin (`producers.dask_telemetry`) and the command
 executor (`consumers.dask_executor`) share on the scheduler.
 
-One user task is one `TaskCall` (function, arguments), scattered once; every attempt of it (the
-original, a speculative copy, a relaunch) is a Dask task of its own, `run_attempt` on that call, with
+One user task is one `TaskCall` (function, arguments), packed once into bytes that every attempt's
+task carries; every attempt of it (the original, a speculative copy, a relaunch) is a Dask task of
+its own, `run_attempt` on that packed call, with
 the key `attempt_key(job, task, n)`. So a copy runs the very same function on the very same
 arguments, and its key says which attempt it is (the executor's commands name attempts). The
 adapter publishes each task's `TaskRecord` under `task_record_name`; the executor reads it to copy
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import cloudpickle
 from dask.sizeof import sizeof
 from distributed import get_worker
 
@@ -44,6 +46,21 @@ class TaskCall:
     kwargs: Mapping[str, Any]
     kind: str
 
+    def packed(self) -> bytes:
+        """The call as bytes (cloudpickle, as Dask ships functions), for every attempt's task.
+
+        Bytes in the task itself, not data scattered to one worker: a worker that dies takes no
+        argument with it (Dask alone runs the task again elsewhere, and so must every attempt), and
+        the executor passes them on without unpickling the user's code."""
+        return cloudpickle.dumps(self)
+
+    @staticmethod
+    def unpacked(packed: bytes) -> TaskCall:
+        call = cloudpickle.loads(packed)
+        if not isinstance(call, TaskCall):
+            raise TypeError(f"not a packed TaskCall: {type(call).__name__}")
+        return call
+
 
 @dataclass
 class TaskRecord:
@@ -52,8 +69,8 @@ class TaskRecord:
 
     job_id: str
     task_id: str
-    call: Any
-    """The scattered `TaskCall`'s future."""
+    call: bytes
+    """The packed `TaskCall` (`TaskCall.packed`)."""
     attempts: dict[int, Any] = field(default_factory=dict)
     """Attempt number -> its future."""
     copyable: bool = True
@@ -156,10 +173,11 @@ def cancelled() -> bool:
     return state is None or state.state in CANCELLED_STATES
 
 
-def run_attempt(call: TaskCall, job_id: str, task_id: str, attempt: int) -> Any:
-    """Run one attempt of a task on a worker, telling the worker's `AttemptObserver` plugins when it
-    really starts (now, on the worker's thread) and how it ends."""
+def run_attempt(packed: bytes, job_id: str, task_id: str, attempt: int) -> Any:
+    """Run one attempt of a task (its `TaskCall.packed`) on a worker, telling the worker's
+    `AttemptObserver` plugins when it really starts (now, on the worker's thread) and how it ends."""
     worker = get_worker()
+    call = TaskCall.unpacked(packed)
     info = AttemptInfo(
         job_id=job_id,
         task_id=task_id,

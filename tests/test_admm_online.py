@@ -143,7 +143,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
     final = records[-1]
     print(f"ADMM in the worker: {final.round} rounds in {elapsed:.1f}s, |z - z_ref| = "
           f"{float(np.max(np.abs(final.z - z_ref))):.2e}")  # fmt: skip
-    assert final.rows == sum(d.n for d in raw)
+    assert final.rows == sum(d.n for d in raw), _worker_story(tmp_path / "worker.log")
     np.testing.assert_allclose(final.moments, pooled, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(final.z, z_ref, rtol=0, atol=CONVERGED)
     sent = [m for m in messages if m is not None]
@@ -152,6 +152,14 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
     assert with_rows == set(range(N))
     assert {m.node for m in sent if m.rows > 0} == {partition_of(j.job_id, N) for j in jobs}
     assert any(isinstance(e, CheckpointEvaluated) for e in markers), "the agent went on evaluating"
+
+
+def _worker_story(log: Path) -> str:
+    """The worker log's lines that explain missing rows: rebalances, recoveries, dead letters, errors."""
+    keep = ("rebalanc", "recover", "assign", "revok", "dead", "warning", "error", "started:", "ended at")
+    lines = log.read_text(errors="replace").splitlines()
+    lines = [line for line in lines if any(k in line.lower() for k in keep)]
+    return "worker log:\n" + "\n".join(lines[-60:])
 
 
 def test_a_job_predicts_with_the_latest_consensus_and_no_straggler_before_round_1() -> None:

@@ -7,6 +7,7 @@ malformed commands are dead-lettered with their reason."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -181,6 +182,33 @@ def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_fre
     assert original[0].features["input_mb"] > 0 and original[0].features["memory_mb"] > 10
     events = [event for _, event in read_all(kafka_bootstrap, topics.job_events)]
     assert [e.event for e in events if isinstance(e, JobEvent) and e.job_id == job_id] == ["started", "ended"]
+
+
+def die_the_first_time(marker: str, x: int) -> int:
+    """The first attempt kills its worker's process mid-task (its nanny starts a fresh one)."""
+    try:
+        Path(marker).touch(exist_ok=False)
+    except FileExistsError:
+        return x * 10
+    time.sleep(0.5)
+    os._exit(1)
+
+
+def test_a_job_whose_worker_dies_mid_task_completes_as_with_dask_alone(
+    kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Dask runs a task lost with its worker again elsewhere; every argument an attempt needs must
+    survive that worker (a call scattered to it once did not, and the job waited forever)."""
+    marker = tmp_path / "first-attempt"
+    with (
+        SpeculativeClient(client, kafka_bootstrap, topic_prefix=topics.prefix, interval=0.5) as speculative,
+        speculative.job(f"dies-{uuid.uuid4().hex[:8]}", expected_tasks=4) as job,
+    ):
+        futures = [job.submit(die_the_first_time, str(marker), 7, task_id="dies")]
+        futures += [job.submit(run_until_cancelled, 0.5, task_id=f"peer-{i}") for i in range(3)]
+        assert job.gather(futures, timeout=WAIT_S) == [70, "done", "done", "done"]
+    assert marker.exists(), "the first attempt ran, and its worker died"
+    client.wait_for_workers(WORKERS, timeout=WAIT_S)
 
 
 def wait_until_cancelled_the_first_time(marker: str, x: int) -> int:

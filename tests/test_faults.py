@@ -1,6 +1,6 @@
 """No lost or duplicated commands under crashes, restarts and bad input (issue 5).
 
-The scenarios themselves live in ``straggler/fault_scenarios.py`` (``bench/faults.py`` prints the same
+The scenarios themselves live in ``tests/harness/fault_scenarios.py`` (``bench/faults.py`` prints the same
 runs as a table); here each one runs small and its result is asserted. The first tests need no broker:
 they pin down the idempotence the stream tests rely on.
 """
@@ -14,6 +14,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import fault_scenarios
+from harness.fault_scenarios import (
+    BAD_KINDS,
+    README_BAD_INPUT,
+    SCENARIOS,
+    STOP_STATES,
+    ScenarioResult,
+    Sizes,
+    bad_record,
+    broker_restart,
+    check_agent_letters,
+    expected_letters,
+    stream_events,
+    with_repeats,
+)
 
 from consumers.fold import MitigationState
 from schemas import (
@@ -29,26 +44,11 @@ from schemas import (
     encode,
     observations,
 )
-from straggler import fault_scenarios
 from straggler.core.decision_event import prediction_event
 from straggler.core.jobstate import JobState, TaskStatus
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method
 from straggler.evaluation import EvaluationConfig, method_decisions
-from straggler.fault_scenarios import (
-    BAD_KINDS,
-    README_BAD_INPUT,
-    SCENARIOS,
-    STOP_STATES,
-    ScenarioResult,
-    Sizes,
-    bad_record,
-    broker_restart,
-    check_agent_letters,
-    expected_letters,
-    stream_events,
-    with_repeats,
-)
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Reject, route
 from straggler.simulation import recorded_steps

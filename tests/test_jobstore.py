@@ -232,3 +232,24 @@ def test_a_dropped_job_is_unknown_at_once_and_its_rows_are_deleted_by_the_next_c
     assert all(tables), "deleted before the commit"
     commit(store)
     assert tables == ({}, {}, {})
+
+
+def test_a_job_peeked_while_its_tables_fill_is_not_what_the_agent_then_loads(trace: JobTrace) -> None:
+    """The ADMM round timer reads jobs beside the agent, also while a recovery is still writing the
+    changelog's rows into the tables. What it reads must not stay behind as the agent's cached truth:
+    once the tables are whole, the agent's job has every task."""
+    tables: Tables = ({}, {}, {})
+    for _, store in checkpoints(trace, tables):
+        if len(store.job(trace.job_id).state.tasks) == trace.n_tasks:  # type: ignore[union-attr]
+            break
+    tasks, jobs, models = tables
+    assert len([k for k in tasks if k.startswith(trace.job_id.encode())]) >= 2, "one task row: no half-way"
+    half = dict(sorted(tasks.items())[: len(tasks) // 2])  # a recovery half-way through the changelog
+    filling = (half, dict(jobs), dict(models))
+    reader = store_over(filling)
+    peeked = reader.peek(trace.job_id)
+    assert peeked is not None and len(peeked.state.tasks) < trace.n_tasks
+    filling[0].update(tasks)  # the recovery ends
+    loaded = reader.job(trace.job_id)
+    assert loaded is not None and len(loaded.state.tasks) == trace.n_tasks
+    assert reader.peek(trace.job_id) is loaded, "a cached job is what a reader sees"

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from harness.liveview_run import browse, chromium, dump_dom, pipeline_and_view, wait_for
 
 from schemas import JobEvent, Prediction, RelaunchCommand, SchemaError, TaskCheckpoint, decode_each
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
-from straggler.liveview_run import browse, chromium, dump_dom, pipeline_and_view, wait_for
 from straggler.replay import closed_loop_replay, read_outputs, read_topic, replay_summary
 from straggler.traces.small_jobs import make_job
 

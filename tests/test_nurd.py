@@ -181,7 +181,8 @@ def test_nurd_flags_a_visible_slow_machine_group_early_once_its_history_shows_it
 
     1,200 tasks: with 600 the backtests confirm too few slow tasks for the evidence rule
     (`mostly_right`) to admit the weight, and NURD stays the reactive rule, as it should.
-    ``nurd-warm`` only on seed 2: on seed 3 it gains no lead over reactive (docs/results.md §8)."""
+    ``nurd-warm`` only on seed 2: on seed 3 it gains no lead over reactive
+    (`git show 96386f7:docs/results.md`, §8)."""
     trace = make_job(1200, signal=0.3, seed=seed, slow_group=0.08, interval=2.0, waves=6, wave_gap=40.0)
     config = EvaluationConfig(methods=(method, "reactive"), threshold="online", machine_counts=())
     result = evaluate_job(trace, config).per_method

@@ -11,7 +11,7 @@ import pytest
 
 from straggler.core.online import Decision
 from straggler.core.policy_spec import make_policy
-from straggler.core.speculation import MantriDuplicate, Speculate
+from straggler.core.speculation import MantriDuplicate, Spark, SparkRule, Speculate
 from straggler.core.survival import LatencySurvival
 
 
@@ -288,16 +288,43 @@ def hung_job(policy: Speculate) -> float | None:
 
 
 def test_the_hung_task_is_copied_by_sparks_rule_and_no_later_by_the_default_policy() -> None:
-    spark = hung_job(make_policy("spark", 5.0))  # type: ignore[arg-type]
+    legacy = hung_job(make_policy("spark-legacy", 5.0))  # type: ignore[arg-type]
+    spark_4 = hung_job(make_policy("spark", 5.0))  # type: ignore[arg-type]
     default = hung_job(make_policy("speculate", 5.0))  # type: ignore[arg-type]
     memoryless = hung_job(Speculate(checkpoint_interval=5.0, stuck_prior=0.0, floor=None))
-    assert spark is not None and spark <= 15.0  # over 1.5 x the median once 75 % have finished
-    assert default is not None and default <= spark
+    assert legacy is not None and legacy <= 15.0  # over 1.5 x the median once 75 % have finished
+    median = float(np.median(np.random.default_rng(7).uniform(3.0, 8.0, 39)))
+    assert spark_4 is not None and 3 * median < spark_4 <= 3 * median + 5.0  # the next checkpoint past 3 x
+    assert default is not None and default <= legacy
     assert memoryless is None  # the exponential tail alone never copies it
 
 
-def test_sparks_rule_waits_for_three_quarters_of_the_tasks() -> None:
+@pytest.mark.parametrize(
+    ("spec", "multiplier", "quantile"), [("spark", 3.0, 0.9), ("spark-legacy", 1.5, 0.75)]
+)
+def test_spark_is_spark_4s_rule_and_the_older_defaults_say_so(
+    spec: str, multiplier: float, quantile: float
+) -> None:
+    policy = make_policy(spec)
+    assert isinstance(policy, Spark) and policy.name == spec
+    assert policy.floor == SparkRule(multiplier, quantile)
+
+
+def test_sparks_4_rule_waits_for_nine_tenths_of_the_tasks() -> None:
     policy = make_policy("spark", 10.0)
+    finished_job(policy, n=60)  # type: ignore[arg-type]
+    slow = [verdict(f"s-{i}", 400.0, 400.0) for i in range(20)]
+    assert policy.on_checkpoint("job", 400.0, slow) == []  # 60 of 80 finished, all over 3 x the median
+    for i in range(11):
+        policy.on_task_finished("job", f"s-{i}", 410.0, 410.0)
+    assert policy.on_checkpoint("job", 420.0, []) == []  # 71 of 80: under 90 %
+    policy.on_task_finished("job", "s-11", 420.0, 420.0)
+    copies = policy.on_checkpoint("job", 430.0, [])  # 72 of 80: 90 %
+    assert sorted(a.task_id for a in copies) == sorted(f"s-{i}" for i in range(12, 20))
+
+
+def test_sparks_rule_waits_for_three_quarters_of_the_tasks() -> None:
+    policy = make_policy("spark-legacy", 10.0)
     finished_job(policy, n=50)  # type: ignore[arg-type]
     slow = [verdict(f"s-{i}", 400.0, 400.0) for i in range(30)]
     assert policy.on_checkpoint("job", 400.0, slow) == []  # 50 of 80 finished

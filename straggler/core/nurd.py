@@ -12,7 +12,8 @@ and, fitted, its own learned attributes (`Nurd.gate_`). `Nurd()` is the shipped 
 `GradientBoostedLatency()`, `DensityWeighting(strength=0.0)` and `SurvivalPredictor()`; `PRESETS`
 builds the variants compared with it.
 
-What each preset does and why: docs/architecture.md, "NURD" (measurements: docs/results.md §8, §10, §11).
+What each preset does and why: docs/architecture.md, "NURD"; results: docs/results.md; how each was
+chosen: the record, `git show 96386f7:docs/results.md`, §8, §10, §11.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def mostly_right(right: int, wrong: int, confidence: float) -> bool:
     and 6 / 4): with so few flags a precision of 1/2 to 3/4 is noise. At the default 0.85 it takes
     2 right and none wrong, 4 / 1 or 7 / 3; 0.85 rather than 0.9 keeps 2 / 0, the evidence on which
     NURD's early flags in `tests/test_nurd.py`'s slow-machine jobs rest. Both numbers were chosen
-    after seeing those results (docs/results.md says so).
+    after seeing those results (the record says so: `git show 96386f7:docs/results.md`, Discussion).
     """
     if right == 0:
         return False

@@ -3,10 +3,12 @@
 ``speculate``     the cost-aware speculative copies (`straggler.core.speculation`), the default;
 ``speculate:M``   the same with M spare machines per job;
 ``speculate@P``   (or ``speculate:M@P``) the same at machine price P: the share of completion time a
-                  share of extra machine time must buy (8 by default, docs/results.md §9); a
-                  lower price spends more machine time on copies;
-``spark``         Spark's speculative execution (a copy of a task running over 1.5x the median
-                  finished latency once 75 % of the tasks finished), the floor ``speculate`` keeps;
+                  share of extra machine time must buy (8 by default, chosen in
+                  `git show 96386f7:docs/results.md` §9); a lower price spends more machine time on copies;
+``spark``         Spark's speculative execution at Spark 4.0's defaults: a copy of a task running
+                  over 3x the median finished latency once 90 % of the tasks finished;
+``spark-legacy``  the same at the defaults before Spark 4.0 (1.5x once 75 % finished), the floor
+                  ``speculate`` keeps;
 ``relaunch``      the paper's Algorithm 2, kill and restart every flagged task (``unlimited`` is
                   its older name);
 ``limited:M``     Algorithm 3, kill and restart with M spare machines per job;
@@ -18,11 +20,19 @@
 from __future__ import annotations
 
 from straggler.core.policies import Limited, Mantri, MitigationPolicy, Unlimited
-from straggler.core.speculation import DEFAULT_MACHINE_PRICE, MantriDuplicate, Spark, Speculate
+from straggler.core.speculation import (
+    DEFAULT_MACHINE_PRICE,
+    SPARK_4,
+    SPARK_LEGACY,
+    MantriDuplicate,
+    Spark,
+    Speculate,
+)
 
 DEFAULT_POLICY = "speculate"
 POLICY_SPECS = (
-    "speculate[:M][@PRICE], spark, relaunch (or unlimited), limited:M, mantri or mantri-duplicate[:M]"
+    "speculate[:M][@PRICE], spark, spark-legacy, relaunch (or unlimited), limited:M, mantri or "
+    "mantri-duplicate[:M]"
 )
 
 
@@ -50,7 +60,9 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
     if name == "mantri":
         return Mantri(checkpoint_interval)
     if name == "spark":
-        return Spark()
+        return Spark(SPARK_4)
+    if name == "spark-legacy":
+        return Spark(SPARK_LEGACY)
     raise ValueError(f"unknown policy {spec!r}; use {POLICY_SPECS}")
 
 

@@ -85,9 +85,10 @@ NO_PLAN = CopyPlan([], 0.0, 0.0, math.nan, math.nan)
 
 @dataclass(frozen=True)
 class SparkRule:
-    """Spark's speculation rule (``spark.speculation.multiplier`` 1.5, ``.quantile`` 0.75): copy a task
-    that has run longer than ``multiplier`` x the median finished latency, once ``quantile`` of the
-    job's tasks (finished or running) have finished. What operators run today: the floor."""
+    """Spark's speculation rule (``spark.speculation.multiplier``, ``.quantile``): copy a task that has
+    run longer than ``multiplier`` x the median finished latency, once ``quantile`` of the job's tasks
+    (finished or running) have finished. What operators run today. The defaults here are Spark's
+    before 4.0 (1.5, 0.75), the floor ``Speculate`` keeps; Spark 4.0's are `SPARK_4` (3, 0.9)."""
 
     multiplier: float = 1.5
     quantile: float = 0.75
@@ -117,9 +118,13 @@ class SparkRule:
         )
 
 
-SPARK_DEFAULTS = SparkRule()
+SPARK_LEGACY = SparkRule(1.5, 0.75)
+"""Spark's defaults up to 3.5 (the floor of `Speculate`)."""
+SPARK_4 = SparkRule(3.0, 0.9)
+"""Spark's defaults since 4.0 (SPARK-47720): what the ``spark`` policy runs."""
 DEFAULT_MACHINE_PRICE = 8.0
-"""The measured knee on the real and synthetic traces (docs/results.md §9)."""
+"""The measured knee on the real and synthetic traces, with an earlier policy
+(`git show 96386f7:docs/results.md`, §9)."""
 
 
 class Speculate(MitigationPolicy):
@@ -129,7 +134,8 @@ class Speculate(MitigationPolicy):
     ----------
     machine_price
         The share of completion time one share of extra machine time must buy (module docstring).
-        The default, 8, is the measured knee on the real and synthetic traces (docs/results.md §9).
+        The default, 8, is the measured knee on the real and synthetic traces
+        (`git show 96386f7:docs/results.md`, §9).
     budget
         Per job, the expected extra machine time allowed, as a share of the job's expected work: a
         safety cap. It binds rarely at the default price; a low price with a tight budget spends it
@@ -157,7 +163,7 @@ class Speculate(MitigationPolicy):
         checkpoint_interval: float = 300.0,
         grid_points: int = 256,
         stuck_prior: float = 0.001,
-        floor: SparkRule | None = SPARK_DEFAULTS,
+        floor: SparkRule | None = SPARK_LEGACY,
     ) -> None:
         if not 0 < machine_price < math.inf:
             raise ValueError(f"machine_price must be a positive number, got {machine_price}")
@@ -294,7 +300,7 @@ def _weigh_verdict(running: _Running, previous: _Running, probability: float) ->
 
     Each verdict is one noisy look at the task; a policy that acted on each look alone would copy a
     task on its luckiest one, and the more often a job is checkpointed, the more such copies (measured:
-    docs/results.md §11)."""
+    `git show 96386f7:docs/results.md`, §11)."""
     p = min(max(probability, 1e-4), 1.0 - 1e-4)
     running.log_odds = previous.log_odds + math.log(p / (1.0 - p))
     running.verdicts = previous.verdicts + 1
@@ -302,11 +308,13 @@ def _weigh_verdict(running: _Running, previous: _Running, probability: float) ->
 
 
 class Spark(Speculate):
-    """Spark's speculative execution alone (`SparkRule`): no estimate, no price, no budget."""
+    """Spark's speculative execution alone (`SparkRule`, Spark 4.0's defaults unless told another):
+    no estimate, no price, no budget."""
 
-    def __init__(self, rule: SparkRule = SPARK_DEFAULTS, machines: int | None = None) -> None:
+    def __init__(self, rule: SparkRule = SPARK_4, machines: int | None = None) -> None:
         super().__init__(budget=math.inf, machines=machines, floor=rule)
-        self.name = "spark" if machines is None else f"spark:{machines}"
+        name = "spark" if rule == SPARK_4 else "spark-legacy" if rule == SPARK_LEGACY else "spark-rule"
+        self.name = name if machines is None else f"{name}:{machines}"
 
     def plan(self, job: _Job, at: float) -> CopyPlan:
         return NO_PLAN

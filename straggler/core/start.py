@@ -5,8 +5,8 @@ job's Pareto ``(alpha, beta)`` from per-checkpoint summaries (`summarise_checkpo
 expected straggler count ``floor(E_S)`` of its tasks are unfinished, the running ones are flagged.
 Torch is needed only to train: inference is numpy (`numpy_step`), so workers need not import it.
 
-The paper's model and this project's adaptations: docs/results.md §6; where it sits among the methods:
-docs/architecture.md, "Baselines and START".
+The paper's model and this project's adaptations: `git show 96386f7:docs/results.md`, §6; where it
+sits among the methods: docs/architecture.md, "Baselines and START".
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """How much of the limit can a rule reach, and at what machine time? Reference rules on the same
-jobs, checkpoints and relaunch draws as `straggler evaluate` (docs/results.md §9).
+jobs, checkpoints and relaunch draws as `straggler evaluate` (docs/results.md, "Why the real trace stays
+near Spark's rule").
 
 Each rule copies tasks in `straggler.simulation`'s cluster (first finisher wins, the loser killed at
 the next checkpoint) and is scored like the evaluator's policies:
