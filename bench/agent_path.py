@@ -36,6 +36,7 @@ from schemas import (
 )
 from straggler.core.jobtrace import JobTrace
 from straggler.core.registry import make_method
+from straggler.native_calls import install as install_native_calls
 from straggler.simulation import JobSimulation
 
 STAGES = ("decode", "apply", "write", "model", "predictions")
@@ -152,6 +153,7 @@ def _evaluate(handler: JobEventHandler, boundary: CheckpointBoundary) -> tuple[l
 
 
 def main() -> int:
+    install_native_calls()  # as the worker does (`straggler.cli.main`)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

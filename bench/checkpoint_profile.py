@@ -32,6 +32,7 @@ from straggler.core import jobstate, nurd, online  # noqa: E402
 from straggler.core.jobtrace import JobTrace  # noqa: E402
 from straggler.core.recorded_run import recorded_decisions  # noqa: E402
 from straggler.evaluation import EvaluationConfig, online_job  # noqa: E402
+from straggler.native_calls import install as install_native_calls  # noqa: E402
 from straggler.traces.synthetic import generate_jobs  # noqa: E402
 
 PARTS: list[tuple[str, Any, str]] = [
@@ -41,7 +42,7 @@ PARTS: list[tuple[str, Any, str]] = [
     ("views", jobstate.JobState, "running_view"),
     ("threshold", online, "online_threshold"),
     ("fit", nurd.Nurd, "fit"),
-    ("fit.xgboost", nurd, "fit_regressor"),
+    ("fit.xgboost", nurd.GradientBoostedLatency, "fit"),
     ("fit.calibration", nurd.CalibratedGate, "_calibrate_ranking"),
     ("predict", nurd.Nurd, "predict"),
     ("xgboost.predict", xgb.Booster, "inplace_predict"),
@@ -106,6 +107,7 @@ def run(traces: list[JobTrace], method: str) -> tuple[int, float, dict[str, floa
 
 
 def main() -> None:
+    install_native_calls()  # as the worker does (`straggler.cli.main`)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=1000)

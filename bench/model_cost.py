@@ -27,6 +27,7 @@ from straggler.core.metrics import confusion
 from straggler.core.nurd import make_nurd
 from straggler.core.online import OnlineJob
 from straggler.core.threshold import oracle_threshold
+from straggler.native_calls import install as install_native_calls
 from straggler.simulation import JobSimulation, observe_step, steps
 from straggler.traces.synthetic import generate_jobs
 
@@ -58,7 +59,7 @@ def run_job(trace: JobTrace, driver: str, seed: int) -> dict[str, float]:
     per_checkpoint: list[float] = []
     sim = JobSimulation(trace, seed=0)
     for step in steps(sim, None):
-        t = step[1]
+        t = step.at
         began = time.perf_counter()
         observe_step(job.state, sim, step)
         decisions = job.checkpoint(t)
@@ -79,6 +80,7 @@ def run_job(trace: JobTrace, driver: str, seed: int) -> dict[str, float]:
 
 
 def main() -> int:
+    install_native_calls()  # as the worker does (`straggler.cli.main`)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -27,6 +27,7 @@ from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import MITIGATION_POLICIES
 from straggler.kafka.reachability import BrokerUnreachable, add_broker_timeout_argument, wait_for_broker
 from straggler.kafka.security import add_kafka_config_argument
+from straggler.native_calls import install as install_native_calls
 from straggler.ports import PortUnavailable, check_port
 from straggler.traces.loading import add_trace_arguments, traces_for_command
 
@@ -263,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    install_native_calls()  # NURD's library calls, native: bit for bit the public ones, cheaper
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     if getattr(args, "format", "synthetic") != "synthetic" and args.trace is None:

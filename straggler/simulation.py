@@ -21,6 +21,7 @@ import math
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,11 +33,22 @@ from straggler.core.online import Decision, OnlineJob
 from straggler.core.policies import Action, Limited, MitigationPolicy, Unlimited
 from straggler.core.threshold import oracle_threshold
 
-CheckpointStep = tuple[int, float, IntArray, IntArray, IntArray, FloatArray]
-"""``(k, t, newly_finished, newly_gone, running_idx, running_X)``: checkpoint ``k`` at ``t``, the tasks
-whose run finished (or ended otherwise) since the previous checkpoint, in task order, and the tasks
-running at ``t`` with their features: exactly what a streaming consumer learns between two
-checkpoint boundaries."""
+
+class CheckpointStep(NamedTuple):
+    """Checkpoint number ``k`` (on the job's grid) at ``at``: the tasks whose run finished (or ended
+    otherwise) since the previous checkpoint, in task order, and the tasks running at ``at`` with
+    their features: exactly what a streaming consumer learns between two checkpoint boundaries."""
+
+    k: int
+    at: float
+    finished: IntArray
+    """Tasks whose run finished since the previous checkpoint."""
+    gone: IntArray
+    """Tasks whose run ended otherwise (killed, evicted, failed, lost) since the previous checkpoint."""
+    running: IntArray
+    """Tasks running at ``at``."""
+    features: FloatArray
+    """The running tasks' features at ``at``, a row per task of ``running``."""
 
 
 def relaunch_latencies(job_latencies: FloatArray, n_tasks: int, job_id: str, seed: int) -> FloatArray:
@@ -110,7 +122,7 @@ class JobSimulation:
             features[from_trace] = self.trace.running_features[k][rows[from_trace]]
         self.last_features[running] = features
         done = self.finished[ending]
-        return k, t, ending[done], ending[~done], running, features
+        return CheckpointStep(k, t, ending[done], ending[~done], running, features)
 
     def copied(self, i: int) -> bool:
         return bool(np.isfinite(self.copy_start[i]))
@@ -423,15 +435,14 @@ class ClosedLoopRun:
 def observe_step(state: JobState, sim: JobSimulation, step: CheckpointStep) -> None:
     """Apply to ``state`` what the replayer publishes for one checkpoint of ``sim``, in its order:
     finishes (by end time), other ends, then the running tasks' snapshots."""
-    _, t, finished, gone, running, features = step
     ids = sim.trace.task_ids
-    for i in finish_order(sim, finished):
+    for i in finish_order(sim, step.finished):
         attempt, start = sim.finish_of(i)
         state.observe_finished(ids[i], sim.finish_features(i), sim.end[i] - start, sim.end[i], attempt)
-    for i in finish_order(sim, gone):
+    for i in finish_order(sim, step.gone):
         state.observe_gone(ids[i], sim.end[i], int(sim.attempt[i]))
-    for row, i in enumerate(running.tolist()):
-        state.observe_running(ids[i], features[row], sim.start[i], t, int(sim.attempt[i]))
+    for row, i in enumerate(step.running.tolist()):
+        state.observe_running(ids[i], step.features[row], sim.start[i], step.at, int(sim.attempt[i]))
 
 
 def finish_order(sim: JobSimulation, finished: IntArray) -> list[int]:
@@ -491,14 +502,14 @@ def run_policy(
     job_id = sim.trace.job_id
     task_ids = sim.trace.task_ids
     for step in steps(sim, interval):
-        _, t, finished, gone, _, _ = step
+        t = step.at
         decisions = verdicts(step)
-        for i in finish_order(sim, finished):  # in the stream's order: the finishes, then other ends
+        for i in finish_order(sim, step.finished):  # in the stream's order: the finishes, then other ends
             attempt, start = sim.finish_of(i)
             policy.on_task_finished(
                 job_id, task_ids[i], float(sim.end[i]), float(sim.end[i] - start), attempt
             )
-        for i in finish_order(sim, gone):
+        for i in finish_order(sim, step.gone):
             policy.on_task_gone(job_id, task_ids[i], float(sim.end[i]), int(sim.attempt[i]))
         for action in policy.on_checkpoint(job_id, t, decisions):
             identity = command_id(job_id, action.task_id, action.action, action.decision_key)
@@ -533,7 +544,7 @@ def run_closed_loop(
 
     def verdicts(step: CheckpointStep) -> list[Decision]:
         observe_step(job.state, sim, step)
-        return job.checkpoint(step[1])
+        return job.checkpoint(step.at)
 
     commands, ignored = run_policy(sim, policy, verdicts, interval, carry_out=carry_out)
     return ClosedLoopRun(sim.outcome(), commands, ignored)
@@ -557,7 +568,7 @@ def relaunch_flagged(
 
     def verdicts(step: CheckpointStep) -> list[Decision]:
         nonlocal previous
-        t = step[1]
+        t = step.at
         with np.errstate(invalid="ignore"):
             now = np.flatnonzero((flags > previous) & (flags <= t) & ~sim.reported)
         previous = t

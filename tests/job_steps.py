@@ -16,5 +16,5 @@ def each_checkpoint(job: OnlineJob, trace: JobTrace) -> Iterator[tuple[list[Deci
     for step in steps(sim, None):
         observe_step(job.state, sim, step)
         version = job.model_version
-        decisions = job.checkpoint(step[1])
+        decisions = job.checkpoint(step.at)
         yield decisions, job.model_version != version

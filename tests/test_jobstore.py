@@ -52,7 +52,7 @@ def checkpoints(trace: JobTrace, tables: Tables) -> Iterator[tuple[float, JobSto
     store.start(trace.job_id, trace.expected_tasks, list(trace.feature_names), live=False)
     sim = JobSimulation(trace, seed=0)
     for step in steps(sim, None):
-        t = step[1]
+        t = step.at
         job = store.job(trace.job_id)
         assert job is not None
         observe_step(job.state, sim, step)

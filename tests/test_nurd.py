@@ -24,7 +24,7 @@ from straggler.core.nurd import (
     PaperWeighting,
     PropensityWeighting,
     SkillGate,
-    SurvivalGate,
+    SurvivalPredictor,
     Weighting,
     _judged,
     _Ranking,
@@ -36,6 +36,7 @@ from straggler.core.online import OnlineJob
 from straggler.core.preprocessing import impute_like
 from straggler.core.prior_calibration import PriorCalibration
 from straggler.core.registry import make_method
+from straggler.core.state import learned_attributes
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
 from straggler.traces.small_jobs import make_job
 
@@ -93,10 +94,19 @@ def _half_finished(signal: float, seed: int = 0, share: float = 0.5, timed: bool
     )
 
 
-def test_the_shipped_gate_gives_a_likelier_straggle_to_a_longer_predicted_run_with_no_straggler_seen() -> (
-    None
-):
-    """`SurvivalGate`: with half the tasks finished and every running task at the same elapsed time
+def _held_out(model: Nurd) -> dict[str, float]:
+    """The shipped predictor's held-out predictions, which the fitted part holds."""
+    assert isinstance(model.gate_, SurvivalPredictor)
+    return model.gate_.held_out_
+
+
+def _calibrated(model: Nurd) -> CalibratedGate:
+    assert isinstance(model.gate_, CalibratedGate)
+    return model.gate_
+
+
+def test_the_shipped_predictor_gives_a_likelier_straggle_to_a_longer_run_with_no_straggler_seen() -> None:
+    """`SurvivalPredictor`: with half the tasks finished and every running task at the same elapsed time
     (one survival prior for all), the probability follows the feature that sets latency; shrunk
     fully (``shrink=0``) it is the calibrated prior (the raw one with the identity calibration); with
     no signal in the features it follows none."""
@@ -104,43 +114,43 @@ def test_the_shipped_gate_gives_a_likelier_straggle_to_a_longer_predicted_run_wi
     prior = Nurd.prior(data)
     assert np.ptp(prior) == 0.0
     model = Nurd().fit(data)
-    assert len(model.held_out_) == data.n_finished  # out-of-fold predictions of the finished tasks
+    assert len(_held_out(model)) == data.n_finished  # out-of-fold predictions of the finished tasks
     probability = model.predict(data).probability
     assert spearmanr(probability, data.X_running[:, 0]).statistic > 0.5
     truth = np.exp(3 + data.X_running[:, 0]) >= data.threshold  # noise aside, who straggles
     assert roc_auc_score(truth, probability) > 0.75
     assert probability[truth].mean() > 2 * prior[0]  # lifted above the prior where it straggles
 
-    prior_only = Nurd(gate=SurvivalGate(shrink=0.0)).fit(data).predict(data)
+    prior_only = Nurd(gate=SurvivalPredictor(shrink=0.0)).fit(data).predict(data)
     np.testing.assert_allclose(prior_only.probability, PriorCalibration().transform(prior, 0.5))
     assert not np.allclose(prior_only.probability, prior)
-    raw = Nurd(gate=SurvivalGate(shrink=0.0, calibration=PriorCalibration(0.0, 1.0, 0.0)))
+    raw = Nurd(gate=SurvivalPredictor(shrink=0.0, calibration=PriorCalibration(0.0, 1.0, 0.0)))
     np.testing.assert_allclose(raw.fit(data).predict(data).probability, prior)
 
     with pytest.raises(ValueError, match="min_finished"):
-        Nurd(gate=SurvivalGate(folds=5, min_finished=4)).fit(data)
+        Nurd(gate=SurvivalPredictor(folds=5, min_finished=4)).fit(data)
 
     noise = _half_finished(signal=0.0)
     flat = Nurd().fit(noise).predict(noise).probability
     assert abs(spearmanr(flat, noise.X_running[:, 0]).statistic) < 0.3
 
 
-def test_the_shipped_gate_judges_each_finished_task_by_a_fit_that_did_not_train_on_it() -> None:
+def test_the_shipped_predictor_judges_each_finished_task_by_a_fit_that_did_not_train_on_it() -> None:
     """A refit keeps the earlier tasks' predictions and gives the tasks finished since the previous
     fit that fit's prediction (out of sample), not its own (which trained on them)."""
     early, later = _half_finished(1.0, share=0.3, timed=True), _half_finished(1.0, share=0.5, timed=True)
     assert early.finished_ids is not None and later.finished_ids is not None
     model = Nurd().fit(early)
-    first, first_fit = dict(model.held_out_), (model.scaler_, model.regressor_)
+    first, first_fit = dict(_held_out(model)), (model.scaler_, model.regressor_)
     assert set(first) == set(early.finished_ids)
     model.fit(later)
-    assert {t: model.held_out_[t] for t in first} == first
+    assert {t: _held_out(model)[t] for t in first} == first
     since = [i for i, t in enumerate(later.finished_ids) if t not in first]
     scaler, regressor = first_fit
     assert regressor is not None and model.regressor_ is not None and len(since) > 50
     previous = regressor_predict(regressor, scaler.transform(later.X_finished[since]))
     own = regressor_predict(model.regressor_, model.scaler_.transform(later.X_finished[since]))
-    got = np.array([model.held_out_[later.finished_ids[i]] for i in since])
+    got = np.array([_held_out(model)[later.finished_ids[i]] for i in since])
     np.testing.assert_allclose(got, previous, rtol=1e-6)
     assert not np.allclose(got, own, rtol=1e-3)
 
@@ -236,16 +246,16 @@ def test_a_strength_needs_confident_evidence_that_its_added_flags_are_mostly_rig
 def _fits_and_final_method(
     trace: JobTrace, preset: str | Nurd, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[int, int, Nurd]:
-    """Replay ``trace`` through an `OnlineJob`; count XGBoost regressors built and refits made."""
+    """Replay ``trace`` through an `OnlineJob`; count XGBoost regressors fitted and refits made."""
     built = 0
-    build = GradientBoostedLatency.build
+    fit = GradientBoostedLatency.fit
 
-    def counting(self: GradientBoostedLatency, random_state: int) -> object:
+    def counting(self: GradientBoostedLatency, X: np.ndarray, y: np.ndarray, random_state: int) -> object:
         nonlocal built
         built += 1
-        return build(self, random_state)
+        return fit(self, X, y, random_state)
 
-    monkeypatch.setattr(GradientBoostedLatency, "build", counting)
+    monkeypatch.setattr(GradientBoostedLatency, "fit", counting)
     method = make_nurd(preset) if isinstance(preset, str) else preset
     job = OnlineJob(trace.job_id, method, len(trace.feature_names), trace.expected_tasks)
     for _ in each_checkpoint(job, trace):
@@ -273,7 +283,7 @@ def test_warm_skill_is_how_well_past_fits_predicted_later_tasks(
     signal: float, low: float, high: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, _, warm = _fits_and_final_method(make_job(600, signal=signal, seed=5), "nurd-warm", monkeypatch)
-    assert low <= warm.skill_ <= high
+    assert low <= warm.gate_.skill_ <= high
 
 
 def test_parameters_are_stored_as_given_and_checked_in_fit() -> None:
@@ -296,8 +306,52 @@ def test_a_part_that_is_not_one_is_refused(slot: str, value: object) -> None:
 
 def test_nurd_with_no_arguments_is_what_the_registry_ships() -> None:
     assert make_method("nurd", seed=0).get_params() == Nurd().get_params()
-    assert isinstance(Nurd().gate_part(), SurvivalGate)
-    assert isinstance(Nurd().weighting_part(), DensityWeighting)
+    explicit = Nurd(GradientBoostedLatency(), DensityWeighting(strength=0.0), SurvivalPredictor())
+    assert Nurd().regressor_part().get_params() == explicit.regressor_part().get_params()
+    assert Nurd().weighting_part().get_params() == explicit.weighting_part().get_params()
+    assert Nurd().gate_part().get_params() == explicit.gate_part().get_params()
+    data = _checkpoint()
+    shipped, spelled_out = Nurd().fit(data).predict(data), explicit.fit(data).predict(data)
+    for field in dataclasses.fields(shipped):
+        np.testing.assert_array_equal(getattr(shipped, field.name), getattr(spelled_out, field.name))
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_a_fit_writes_the_gates_learning_into_the_fitted_part_alone(preset: str) -> None:
+    """The parent holds its regressor, propensity model and scaler; what the gate (or the predictor)
+    learns is the fitted copy's (``gate_``), and the part given as a parameter stays unfitted."""
+    method = make_nurd(preset)
+    method.fit(_checkpoint())
+    assert set(learned_attributes(method)) <= {
+        "delta_",
+        "scaler_",
+        "mean_target_",
+        "regressor_",
+        "propensity_",
+        "gate_",
+        "fitted_at_",
+        "history_",
+    }
+    assert method.gate_ is not method.gate_part() and not learned_attributes(method.gate_part())
+    assert {"skill_", "strength_"} <= set(learned_attributes(method.gate_))
+
+
+@pytest.mark.parametrize(
+    ("weighting", "gate", "message"),
+    [
+        (DensityWeighting(strength=None), SurvivalPredictor(), "SurvivalPredictor chooses no strength"),
+        (DensityWeighting(strength=None), CalibratedGate(), "CalibratedGate chooses no strength"),
+        (DensityWeighting(strength=0.0), SkillGate(), "SkillGate chooses DensityWeighting's strength"),
+        (DensityWeighting(), BacktestGate(), "BacktestGate chooses DensityWeighting's strength"),
+        (DensityWeighting(strength=1.0), NoGate(), "NoGate chooses DensityWeighting's strength"),
+    ],
+)
+def test_the_density_weights_strength_comes_from_one_place(
+    weighting: DensityWeighting, gate: Gate, message: str
+) -> None:
+    """Fixed by the weighting, or chosen by the gate: never both (a silent override), never neither."""
+    with pytest.raises(ValueError, match=message):
+        Nurd(weighting=weighting, gate=gate).fit(_checkpoint())
 
 
 _PARTS = (
@@ -311,7 +365,7 @@ _PARTS = (
     SkillGate,
     BacktestGate,
     CalibratedGate,
-    SurvivalGate,
+    SurvivalPredictor,
     PriorCalibration,
 )
 
@@ -332,6 +386,8 @@ _OUT_OF_RANGE: list[tuple[type, str, object, object]] = [
     (PaperWeighting, "propensity", True, None),
     (DensityWeighting, "eps", 0.0, 1.0),
     (DensityWeighting, "propensity", LogisticRegression(), LogisticPropensity()),
+    (DensityWeighting, "strength", 1.5, 1.0),
+    (DensityWeighting, "strength", "none", 0.0),
     (SkillGate, "folds", 1, 2),
     (SkillGate, "reuse_past_fits", -1, 0),
     (BacktestGate, "folds", 1, 2),
@@ -342,11 +398,11 @@ _OUT_OF_RANGE: list[tuple[type, str, object, object]] = [
     (CalibratedGate, "min_stragglers", 0, 1),
     (CalibratedGate, "flag_probability", 1.0, 0.5),
     (CalibratedGate, "max_scored", 0, 1),
-    (SurvivalGate, "folds", 1, 2),
-    (SurvivalGate, "min_finished", 1, 10),
-    (SurvivalGate, "lift", -0.1, 0.0),
-    (SurvivalGate, "shrink", 1.5, 1.0),
-    (SurvivalGate, "calibration", "identity", PriorCalibration(0.0, 1.0, 0.0)),
+    (SurvivalPredictor, "folds", 1, 2),
+    (SurvivalPredictor, "min_finished", 1, 10),
+    (SurvivalPredictor, "lift", -0.1, 0.0),
+    (SurvivalPredictor, "shrink", 1.5, 1.0),
+    (SurvivalPredictor, "calibration", "identity", PriorCalibration(0.0, 1.0, 0.0)),
     (PriorCalibration, "intercept", "0", 0.0),
     (PriorCalibration, "slope", 0.0, 1e-3),
     (PriorCalibration, "progress", None, -1.0),
@@ -362,8 +418,10 @@ def _nurd_with(part: object) -> Nurd:
     if isinstance(part, Weighting):
         return Nurd(weighting=part)
     if isinstance(part, PriorCalibration):
-        return Nurd(gate=SurvivalGate(calibration=part))
+        return Nurd(gate=SurvivalPredictor(calibration=part))
     assert isinstance(part, Gate)
+    if part.chooses_strength:
+        return Nurd(weighting=DensityWeighting(strength=None), gate=part)
     return Nurd(gate=part)
 
 
@@ -474,9 +532,10 @@ def test_a_calibrator_acts_only_once_the_flags_of_its_predecessors_proved_mostly
     history = []
     for decisions, refitted in each_checkpoint(job, trace):
         if refitted:
-            history.append((dict(method.calibration_), method.calibrator_ is not None))
+            fitted = _calibrated(method)
+            history.append((dict(fitted.calibration_), fitted.calibrator_ is not None))
         ranked = [d for d in decisions if d.is_straggler and d.adjusted_latency < d.threshold]
-        assert not ranked or method.calibrator_ is not None  # (the regressor may flag on its own)
+        assert not ranked or _calibrated(method).calibrator_ is not None  # (h may flag on its own)
         assert all(0.0 <= d.straggle_probability <= 1.0 for d in decisions)
     acting = [i for i, (_, admitted) in enumerate(history) if admitted]
     assert acting, "the slow machine group is visible: the calibrator must end up acting"

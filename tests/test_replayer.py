@@ -142,7 +142,7 @@ def as_recorded(trace: JobTrace) -> Iterator[CheckpointStep]:
             np.flatnonzero(in_window & trace.finished),
             np.flatnonzero(in_window & ~trace.finished),
         )
-        yield k, float(t), finished, gone, trace.running_index[k], trace.running_features[k]
+        yield CheckpointStep(k, float(t), finished, gone, trace.running_index[k], trace.running_features[k])
 
 
 def test_simulation_without_commands_is_the_trace() -> None:

@@ -226,7 +226,7 @@ def test_the_cores_recorded_replay_decides_as_the_simulation_with_no_command(met
         expected = []
         for step in steps(sim, None):
             observe_step(job.state, sim, step)
-            expected.append(repr(job.checkpoint(step[1])))
+            expected.append(repr(job.checkpoint(step.at)))
         got = [repr(ds) for ds in recorded_decisions(online_job(trace, method, config), trace)]
         assert got == expected, trace.job_id
         assert "is_straggler=True" in "".join(expected)

@@ -20,7 +20,7 @@ import orjson
 
 from straggler.core.method import StragglerMethod
 
-FORMAT = "straggler-model/1"
+FORMAT = "straggler-model/2"
 ZIP_MAGIC = b"PK\x03\x04"
 TAGS = ("$array", "$bytes", "$tuple", "$float")
 

@@ -3,12 +3,14 @@
 Per checkpoint, as in the paper: a latency regressor h on the finished tasks
 (`GradientBoostedLatency`), a propensity model z = P(finished | x) (`LogisticPropensity`) turned into a
 weight w per running task (a `Weighting`), adjusted latency = h(x) / w, straggler if >= threshold.
-A `Gate` decides how far h and w are trusted: fully (`NoGate`), by h's skill (`SkillGate`), by a
-backtest of w's strength (`BacktestGate`), through a ranking calibrated on the job's own past
-(`CalibratedGate`), or as an accelerated-failure-time model whose residual curve is the job's own
-(`SurvivalGate`, which gives the policy a straggle probability from a task's first checkpoint). Each
-part holds and checks its own parameters; `Nurd()` is the shipped ``nurd`` (`SurvivalGate`) and
-`PRESETS` builds the variants compared with it.
+The third part (a `Gate`) turns h and w into scores: a gate decides how far they are trusted, fully
+(`NoGate`), by h's skill (`SkillGate`), by a backtest of w's strength (`BacktestGate`) or through a
+ranking calibrated on the job's own past (`CalibratedGate`); the `SurvivalPredictor` instead reads
+them as an accelerated-failure-time model whose residual curve is the job's own, and gives the policy
+a straggle probability from a task's first checkpoint. Each part holds and checks its own parameters
+and, fitted, its own learned attributes (`Nurd.gate_`). `Nurd()` is the shipped ``nurd``:
+`GradientBoostedLatency()`, `DensityWeighting(strength=0.0)` and `SurvivalPredictor()`; `PRESETS`
+builds the variants compared with it.
 
 What each preset does and why: docs/architecture.md, "NURD"; results: docs/results.md; how each was
 chosen: the record, `git show 96386f7:docs/results.md`, §8, §10, §11.
@@ -30,20 +32,22 @@ from scipy.stats import rankdata
 from sklearn.base import BaseEstimator
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import KFold
-from sklearn.utils._param_validation import Interval, validate_parameter_constraints
 
 from straggler.core.arrays import BoolArray, FloatArray
-from straggler.core.fast_paths import fit_logistic, fit_regressor, positive_probability, regressor_predict
+from straggler.core.fast_paths import fit_booster, fit_logistic, positive_probability, regressor_predict
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
+from straggler.core.parameters import BOOLEAN, Constraint, Interval, check_own_parameters, check_parameters
 from straggler.core.preprocessing import Standardiser, impute_like, nan_column_means
 from straggler.core.prior_calibration import PriorCalibration, survival_prior
 from straggler.core.state import (
+    BOOSTER,
     STANDARDISER,
-    XGB_REGRESSOR,
     State,
     StateCodec,
+    dump_attributes,
     linear_model,
     listed,
+    load_attributes,
     optional,
 )
 from straggler.core.survival import LatencySurvival
@@ -51,8 +55,8 @@ from straggler.core.survival import LatencySurvival
 STRENGTHS = (0.0, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0)
 """Candidate strengths of the density weight; the backtest picks one per job and refit."""
 
-_AT_LEAST_ONE = Interval(Integral, 1, None, closed="left")
-_PROBABILITY = Interval(Real, 0, 1, closed="neither")
+_AT_LEAST_ONE = Interval(Integral, 1, None, "left")
+_PROBABILITY = Interval(Real, 0, 1, "neither")
 
 
 def centroid_calibration(X_finished: FloatArray, X_running: FloatArray, alpha: float) -> float:
@@ -86,11 +90,11 @@ class GradientBoostedLatency(BaseEstimator):
     """The latency regressor h: XGBoost trees on the finished tasks. ``log_target``: learn log
     latency (skewed latencies), else latency itself (the paper's GBTR)."""
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
         "n_estimators": [_AT_LEAST_ONE],
         "max_depth": [_AT_LEAST_ONE],
-        "learning_rate": [Interval(Real, 0, 1, closed="right")],
-        "log_target": ["boolean"],
+        "learning_rate": [Interval(Real, 0, 1, "right")],
+        "log_target": [BOOLEAN],
         "n_threads": [_AT_LEAST_ONE],
     }
 
@@ -110,23 +114,24 @@ class GradientBoostedLatency(BaseEstimator):
 
     def check(self) -> None:
         """Raise ValueError naming a parameter out of range."""
-        self._validate_params()
+        check_own_parameters(self)
 
-    def build(self, random_state: int) -> xgb.XGBRegressor:
-        """A fresh, unfitted XGBoost regressor with these parameters."""
-        return xgb.XGBRegressor(
-            n_estimators=self.n_estimators,
-            max_depth=self.max_depth,
-            learning_rate=self.learning_rate,
-            tree_method="hist",
-            n_jobs=self.n_threads,
-            random_state=random_state,
-            verbosity=0,
-        )
+    def booster_params(self, random_state: int) -> dict[str, Any]:
+        """XGBoost's booster parameters for these: what ``XGBRegressor(n_estimators, max_depth,
+        learning_rate, tree_method="hist", n_jobs=n_threads, random_state, verbosity=0)`` trains with."""
+        return {
+            "objective": "reg:squarederror",
+            "learning_rate": self.learning_rate,
+            "max_depth": self.max_depth,
+            "n_jobs": self.n_threads,
+            "random_state": random_state,
+            "tree_method": "hist",
+            "verbosity": 0,
+        }
 
-    def fit(self, X: FloatArray, target: FloatArray, random_state: int) -> xgb.XGBRegressor:
-        """A regressor fitted to ``target`` (`target`'s scale)."""
-        return fit_regressor(self.build(random_state), X, target)
+    def fit(self, X: FloatArray, target: FloatArray, random_state: int) -> xgb.Booster:
+        """A booster fitted to ``target`` (`target`'s scale), ``n_estimators`` rounds."""
+        return fit_booster(self.booster_params(random_state), X, target, self.n_estimators)
 
     def target(self, latency: FloatArray) -> FloatArray:
         """What the regressor learns: log latency if ``log_target``, else latency."""
@@ -146,14 +151,14 @@ class LogisticPropensity(BaseEstimator):
     ``balanced``: both classes weigh the same, so z / (1 - z) reads as the density ratio
     p(x | finished) / p(x | running) (the paper fits it unbalanced)."""
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {"balanced": ["boolean"]}
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {"balanced": [BOOLEAN]}
 
     def __init__(self, balanced: bool = True) -> None:
         self.balanced = balanced
 
     def check(self) -> None:
         """Raise ValueError naming a parameter out of range."""
-        self._validate_params()
+        check_own_parameters(self)
 
     def fit(self, X_finished: FloatArray, X_running: FloatArray) -> LogisticRegression:
         X = np.vstack([X_finished, X_running])
@@ -168,9 +173,9 @@ class Weighting(ABC, BaseEstimator):
     """How a running task's propensity z becomes its weight w in [eps, 1]; adjusted latency = h / w.
     ``propensity``: the propensity model (None: `LogisticPropensity()`); ``eps``: the smallest weight."""
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
         "propensity": [LogisticPropensity, None],
-        "eps": [Interval(Real, 0, 1, closed="right")],
+        "eps": [Interval(Real, 0, 1, "right")],
     }
     reads_propensity: ClassVar[bool] = True
 
@@ -180,7 +185,7 @@ class Weighting(ABC, BaseEstimator):
 
     def check(self) -> None:
         """Raise ValueError naming a parameter out of range (its propensity model's too)."""
-        self._validate_params()
+        check_own_parameters(self)
         if self.reads_propensity:
             self.propensity_model().check()
 
@@ -192,9 +197,10 @@ class Weighting(ABC, BaseEstimator):
         return 0.0
 
     @abstractmethod
-    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+    def weight(self, z: FloatArray, offset: float, strength: float | None) -> FloatArray:
         """w per running task from its propensity ``z`` (ones where no propensity model was fitted),
-        the job's `offset` and the gate's ``strength`` (read by `DensityWeighting` only)."""
+        the job's `offset` and the strength the gate chose (None: none; read by `DensityWeighting`
+        only, and only when it fixes none itself)."""
 
     def ranking_weight(self, z: FloatArray) -> FloatArray:
         """The weight `CalibratedGate` and `BacktestGate` rank by: the density ratio z / (1 - z),
@@ -205,13 +211,13 @@ class Weighting(ABC, BaseEstimator):
 class NoWeighting(Weighting):
     """w = 1: the regressor alone (``gbtr``); no propensity model, no parameters."""
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {}
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {}
     reads_propensity = False
 
     def __init__(self) -> None:
         """No parameters (declared so that ``get_params`` finds none)."""
 
-    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+    def weight(self, z: FloatArray, offset: float, strength: float | None) -> FloatArray:
         return np.ones_like(z)
 
     def ranking_weight(self, z: FloatArray) -> FloatArray:
@@ -221,7 +227,7 @@ class NoWeighting(Weighting):
 class PropensityWeighting(Weighting):
     """w = clip(z, eps, 1): the paper's weight without its calibration (``nurd-nc``)."""
 
-    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+    def weight(self, z: FloatArray, offset: float, strength: float | None) -> FloatArray:
         return np.clip(z, self.eps, 1.0)
 
 
@@ -229,9 +235,9 @@ class PaperWeighting(Weighting):
     """w = clip(z + delta, eps, 1), delta = 1 / (1 + rho) - ``alpha`` from the raw feature centroids,
     once per job (`centroid_calibration`): the paper taken literally (``nurd-paper``)."""
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
         **Weighting._parameter_constraints,
-        "alpha": [Interval(Real, 0, 1, closed="both")],
+        "alpha": [Interval(Real, 0, 1, "both")],
     }
 
     def __init__(
@@ -245,41 +251,85 @@ class PaperWeighting(Weighting):
         X_run = impute_like(data.X_finished, data.X_running)
         return centroid_calibration(X_fin, X_run, self.alpha)
 
-    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
+    def weight(self, z: FloatArray, offset: float, strength: float | None) -> FloatArray:
         return np.clip(z + offset, self.eps, 1.0)
 
 
 class DensityWeighting(Weighting):
     """w = clip(z / (1 - z), eps, 1) ** strength: a class-balanced propensity read as a density ratio
-    (the literal z + delta sits at eps early in a job and inflates every prediction)."""
+    (the literal z + delta sits at eps early in a job and inflates every prediction).
 
-    def weight(self, z: FloatArray, offset: float, strength: float) -> FloatArray:
-        return self.ranking_weight(z) ** strength
+    ``strength``: the exponent, fixed; None leaves it to a gate that chooses one (`SkillGate`,
+    `BacktestGate`, `NoGate`). The shipped nurd fixes 0: its flags read h alone (w = 1), and its
+    `SurvivalPredictor` reads the density ratio (`ranking_weight`) for its lift only."""
+
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        **Weighting._parameter_constraints,
+        "strength": [Interval(Real, 0, 1, "both"), None],
+    }
+
+    def __init__(
+        self, propensity: LogisticPropensity | None = None, eps: float = 0.05, strength: float | None = 0.0
+    ) -> None:
+        super().__init__(propensity, eps)
+        self.strength = strength
+
+    def weight(self, z: FloatArray, offset: float, strength: float | None) -> FloatArray:
+        exponent = self.strength if self.strength is not None else strength
+        if exponent is None:
+            raise ValueError("DensityWeighting(strength=None) needs a gate that chooses the strength")
+        return self.ranking_weight(z) ** exponent
 
 
 # -- the gate -----------------------------------------------------------------------------------------
 
 
 class Gate(ABC, BaseEstimator):
-    """How far a fit trusts its regressor and weight. ``fit`` sets the model's ``skill_`` (how far h
-    is shrunk toward the finished mean, under `shrinks_latency`) and ``strength_`` (the density
-    weight's exponent); ``scores`` turns a prediction into `Scores`."""
+    """NURD's third part: how a fit turns h and w into `Scores`. A gate on trust (`NoGate`,
+    `SkillGate`, `BacktestGate`, `CalibratedGate`) or the probabilistic `SurvivalPredictor`.
+
+    ``Nurd.fit`` fits an unfitted copy of the part (the parameter itself stays unfitted) and keeps it
+    as its ``gate_``; ``fit`` learns the part's own attributes only: ``skill_``, how far h is shrunk
+    toward the finished mean (read only where `shrinks_latency`), and ``strength_``, the density
+    weight's strength the part chooses (None if it chooses none, `chooses_strength`). A strength comes
+    from one place: `DensityWeighting`'s ``strength`` if it fixes one, else a gate that chooses it;
+    `check` refuses a composition where both or neither would.
+    """
 
     shrinks_latency: ClassVar[bool] = False
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {}
+    chooses_strength: ClassVar[bool] = False
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {}
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {}
+    """Learned attributes that are not plain state values, and how each becomes one."""
+    skill_: float
+    strength_: float | None
 
     def check(self, weighting: Weighting) -> None:
         """Raise ValueError naming a parameter out of range, or a weighting this gate cannot use."""
-        self._validate_params()
+        check_own_parameters(self)
+        if not isinstance(weighting, DensityWeighting):
+            return
+        name = type(self).__name__
+        if self.chooses_strength and weighting.strength is not None:
+            raise ValueError(
+                f"{name} chooses DensityWeighting's strength, which the weighting fixes at "
+                f"{weighting.strength!r}: give DensityWeighting(strength=None)"
+            )
+        if not self.chooses_strength and weighting.strength is None:
+            raise ValueError(
+                f"{name} chooses no strength for DensityWeighting: fix one in the weighting "
+                "(the shipped nurd's is DensityWeighting(strength=0.0))"
+            )
 
     def past_fits_kept(self) -> int:
         """How many of the job's previous fits a fit keeps to reuse (``history_``)."""
         return 0
 
     @abstractmethod
-    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
-        """Learn this gate's part of ``model`` (fitted but for it) from ``data``; ``past``: the job's
-        previous fits kept, ``observed``: the finished then the running tasks' features."""
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> Self:
+        """Learn this part's attributes from ``data`` and ``model`` (fitted but for this part, which it
+        reads and never writes); ``past``: the job's previous fits kept, ``observed``: the finished
+        then the running tasks' features."""
 
     def scores(
         self, model: Nurd, data: CheckpointData, view: _RunningView, latency: FloatArray, weight: FloatArray
@@ -287,13 +337,24 @@ class Gate(ABC, BaseEstimator):
         """The running tasks' scores from the predicted ``latency`` and ``weight``."""
         return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight)
 
+    def get_state(self) -> State:
+        """The learned attributes as plain data (`straggler.core.state`)."""
+        return dump_attributes(self, self.state_codecs)
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Take back what `get_state` returned, on an unfitted copy of the same part."""
+        load_attributes(self, state, self.state_codecs)
+
 
 class NoGate(Gate):
     """Trust h and w fully: no shrinkage, strength 1 (``nurd-paper``, ``nurd-nc``, ``gbtr``)."""
 
-    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
-        model.skill_ = 1.0
-        model.strength_ = 1.0
+    chooses_strength = True
+
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> Self:
+        self.skill_ = 1.0
+        self.strength_ = 1.0
+        return self
 
 
 class SkillGate(Gate):
@@ -303,9 +364,10 @@ class SkillGate(Gate):
     Not scikit-learn's ``warm_start``: every fit still trains its models from scratch."""
 
     shrinks_latency = True
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
-        "folds": [Interval(Integral, 2, None, closed="left")],
-        "reuse_past_fits": [Interval(Integral, 0, None, closed="left")],
+    chooses_strength = True
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        "folds": [Interval(Integral, 2, None, "left")],
+        "reuse_past_fits": [Interval(Integral, 0, None, "left")],
     }
 
     def __init__(self, folds: int = 3, reuse_past_fits: int = 0) -> None:
@@ -315,9 +377,10 @@ class SkillGate(Gate):
     def past_fits_kept(self) -> int:
         return int(self.reuse_past_fits)
 
-    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
-        model.skill_ = self.skill(model, data, past)
-        model.strength_ = model.skill_
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> Self:
+        self.skill_ = self.skill(model, data, past)
+        self.strength_ = self.skill_
+        return self
 
     def skill(self, model: Nurd, data: CheckpointData, past: list[Nurd]) -> float:
         skill = self._prequential_skill(model, data, past) if past else None
@@ -365,7 +428,7 @@ class BacktestGate(SkillGate):
     own past (`strength`); a strength is admitted only on ``evidence`` that the flags it adds were
     mostly right (`mostly_right`). Needs `DensityWeighting`, whose strength it picks."""
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
         **SkillGate._parameter_constraints,
         "evidence": [_PROBABILITY],
     }
@@ -382,9 +445,10 @@ class BacktestGate(SkillGate):
                 f"{weighting!r} (SkillGate is the same without it)"
             )
 
-    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
-        model.skill_ = self.skill(model, data, past)
-        model.strength_ = self.strength(model, data, past, observed)
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> Self:
+        self.skill_ = self.skill(model, data, past)
+        self.strength_ = self.strength(model, data, past, observed)
+        return self
 
     def _rewinds(self, data: CheckpointData, past: list[Nurd]) -> Iterator[tuple[float, Nurd | None]]:
         """The past moments the backtest replays, with the model that predicted then (None: refit it).
@@ -475,15 +539,27 @@ class BacktestGate(SkillGate):
 class CalibratedGate(Gate):
     """The adjusted latency as a ranking, calibrated per job from its own past (``nurd-calibrated``).
 
-    The weight's strength is 0 (the adjusted latency is h, which flags on its own); the running
-    tasks' percentile by h / w at full strength (`Nurd.percentile`) becomes P(straggler) with a
-    calibrator learned at every fit (`_calibrate_ranking`), and a task is flagged when it reaches
-    ``flag_probability``. Before that, the percentile must pass a likelihood-ratio test at
-    ``significance`` and the flags earlier candidates would have raised must be mostly right at
-    ``evidence``; with no signal it is the reactive rule.
+    It chooses no strength: the weighting fixes it (``nurd-calibrated``: 0, so the adjusted latency is
+    h, which flags on its own). The running tasks' percentile by h / w at full strength
+    (`Nurd.percentile`) becomes P(straggler) with a calibrator learned at every fit
+    (`_calibrate_ranking`), and a task is flagged when it reaches ``flag_probability``. Before that,
+    the percentile must pass a likelihood-ratio test at ``significance`` and the flags earlier
+    candidates would have raised must be mostly right at ``evidence``; with no signal it is the
+    reactive rule.
+
+    Learned: ``rankings_`` (every fit's, carried from the model's previous ``gate_``), the acting
+    ``calibrator_`` (None: none acts) and what was found, ``calibration_``.
     """
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+    state_codecs: ClassVar[Mapping[str, StateCodec]] = {
+        "rankings_": StateCodec(lambda rankings: RANKINGS.dump(rankings), lambda state: RANKINGS.load(state))
+    }
+    """``rankings_`` as data (`RANKINGS`, defined below with the rankings)."""
+    rankings_: list[_Ranking]
+    calibrator_: tuple[float, float, float] | None
+    calibration_: dict[str, float]
+
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
         "evidence": [_PROBABILITY],
         "significance": [_PROBABILITY],
         "min_stragglers": [_AT_LEAST_ONE],
@@ -505,30 +581,34 @@ class CalibratedGate(Gate):
         self.flag_probability = flag_probability
         self.max_scored = max_scored
 
-    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
-        model.skill_ = 1.0
-        model.strength_ = 0.0
-        self._calibrate_ranking(model, data)
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> Self:
+        self.skill_ = 1.0
+        self.strength_ = None
+        previous = getattr(model, "gate_", None)
+        self._calibrate_ranking(
+            model, data, previous.rankings_ if isinstance(previous, CalibratedGate) else []
+        )
+        return self
 
-    def _calibrate_ranking(self, model: Nurd, data: CheckpointData) -> None:
+    def _calibrate_ranking(self, model: Nurd, data: CheckpointData, previous: list[_Ranking]) -> None:
         """Learn P(straggler | prior, percentile) from this job's own past rankings whose outcome is
         known now; keep it only if the percentile adds significant evidence to the prior.
 
         At every fit the running tasks' percentiles and survival priors are recorded (at most
-        ``max_scored`` of them) in ``model.rankings_``. A recorded run is judged once it started at
-        least ``threshold`` ago: by then whether it straggles is known whatever its outcome, so the
-        judged set is not biased toward quick finishers. A logistic regression of the outcome on
-        (logit prior, percentile) is kept when a likelihood-ratio test against the prior alone
-        rejects at ``significance``, with at least ``min_stragglers`` stragglers and as many
-        non-stragglers judged.
+        ``max_scored`` of them) in ``rankings_``, after the ``previous`` fit's. A recorded run is
+        judged once it started at least ``threshold`` ago: by then whether it straggles is known
+        whatever its outcome, so the judged set is not biased toward quick finishers. A logistic
+        regression of the outcome on (logit prior, percentile) is kept when a likelihood-ratio test
+        against the prior alone rejects at ``significance``, with at least ``min_stragglers``
+        stragglers and as many non-stragglers judged.
         """
-        model.calibrator_ = None
-        model.calibration_ = {"judged": 0, "stragglers": 0, "p_value": 1.0}
-        past: list[_Ranking] = list(getattr(model, "rankings_", []))
-        model.rankings_ = past
+        self.calibrator_ = None
+        self.calibration_ = {"judged": 0, "stragglers": 0, "p_value": 1.0}
+        past: list[_Ranking] = list(previous)
+        self.rankings_ = past
         if data.at is None or data.running_ids is None or data.start_running is None:
             return
-        candidate, model.calibration_ = self._candidate_calibrator(_judged(past, data))
+        candidate, self.calibration_ = self._candidate_calibrator(_judged(past, data))
         if data.n_running and data.n_finished:
             keep = np.arange(data.n_running)
             if len(keep) > self.max_scored:
@@ -543,7 +623,7 @@ class CalibratedGate(Gate):
                 shadow = expit(a + b * prior_logit + c * percentile)
             ids = tuple(data.running_ids[i] for i in keep)
             past.append(_Ranking(ids, data.start_running[keep], percentile, prior_logit, shadow))
-        model.calibrator_ = candidate if model.calibration_["validated"] else None
+        self.calibrator_ = candidate if self.calibration_["validated"] else None
 
     def _candidate_calibrator(
         self, table: FloatArray
@@ -584,7 +664,7 @@ class CalibratedGate(Gate):
         if data.n_finished == 0:
             return super().scores(model, data, view, latency, weight)
         prior = Nurd.prior(data)
-        calibrator = getattr(model, "calibrator_", None)
+        calibrator = self.calibrator_
         if calibrator is None:
             return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, prior)
         a, b, c = calibrator
@@ -595,9 +675,10 @@ class CalibratedGate(Gate):
         )
 
 
-class SurvivalGate(Gate):
-    """NURD's adjusted latency as an accelerated-failure-time model, calibrated on the job itself (the
-    shipped ``nurd``).
+class SurvivalPredictor(Gate):
+    """The shipped ``nurd``'s predictor, not a gate: NURD's adjusted latency read as an
+    accelerated-failure-time survival model, calibrated on the job itself. It gives the policy each
+    running task's probability of straggling.
 
     A task's latency is its lifted prediction h(x) / w(x)^``lift`` times a residual factor shared by
     the job. The factor's survival curve is Kaplan-Meier over the finished tasks' latency / h, each h
@@ -607,15 +688,21 @@ class SurvivalGate(Gate):
     under that curve, pulled toward the job's survival prior by ``shrink`` in log-odds (1 trusts the
     model fully, 0 is the prior). The prior is ``calibration``'s (None: the shipped `PriorCalibration`,
     fixed across jobs, `straggler.core.prior_calibration`). It acts at a task's first checkpoint, with
-    no labelled straggler of the job. Flags: adjusted latency h >= the threshold (the weight's
-    strength is 0).
+    no labelled straggler of the job. Flags: adjusted latency h / w >= the threshold, at the strength
+    the weighting fixes (the shipped nurd's `DensityWeighting` fixes 0, so w = 1 and the flag is
+    h >= the threshold); it chooses none.
+
+    Learned: ``held_out_``, each finished task's predicted log latency by a fit that did not train on
+    it (by task id).
     """
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
-        "folds": [Interval(Integral, 2, None, closed="left")],
-        "min_finished": [Interval(Integral, 2, None, closed="left")],
-        "lift": [Interval(Real, 0, None, closed="left")],
-        "shrink": [Interval(Real, 0, 1, closed="both")],
+    held_out_: dict[str, float]
+
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        "folds": [Interval(Integral, 2, None, "left")],
+        "min_finished": [Interval(Integral, 2, None, "left")],
+        "lift": [Interval(Real, 0, None, "left")],
+        "shrink": [Interval(Real, 0, 1, "both")],
         "calibration": [PriorCalibration, None],
     }
 
@@ -650,31 +737,33 @@ class SurvivalGate(Gate):
     def past_fits_kept(self) -> int:
         return 1
 
-    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> None:
+    def fit(self, model: Nurd, data: CheckpointData, past: list[Nurd], observed: FloatArray) -> Self:
         """Record, by task id, a prediction (log seconds) of every finished task by a fit that did not
-        train on it, in ``model.held_out_``: the previous fit's for the tasks that finished since
-        it, the earlier ones carried over; at a job's first fit, out-of-fold over ``folds`` folds
-        (with fewer than ``min_finished`` finished tasks, the fit's own predictions)."""
-        model.skill_ = 1.0
-        model.strength_ = 0.0
-        model.held_out_ = {}
+        train on it, in ``held_out_``: the previous fit's for the tasks that finished since it, the
+        earlier ones carried over from its ``gate_``; at a job's first fit, out-of-fold over
+        ``folds`` folds (with fewer than ``min_finished`` finished tasks, the fit's own predictions)."""
+        self.skill_ = 1.0
+        self.strength_ = None
+        self.held_out_ = {}
         if model.regressor_ is None or data.finished_ids is None:
-            return
+            return self
         regressor = model.regressor_part()
         previous = past[-1] if past else None
-        carried: dict[str, float] = getattr(previous, "held_out_", {})
+        previous_part = previous.gate_ if previous is not None else None
+        carried = previous_part.held_out_ if isinstance(previous_part, SurvivalPredictor) else {}
         if previous is None or previous.regressor_ is None or not carried:
-            model.held_out_ = self._first_fit_predictions(model, data)
-            return
+            self.held_out_ = self._first_fit_predictions(model, data)
+            return self
         since = [i for i, task in enumerate(data.finished_ids) if task not in carried]
         guess = regressor_predict(previous.regressor_, previous.scaler_.transform(data.X_finished[since]))
-        model.held_out_ = {
+        self.held_out_ = {
             **carried,
             **{
                 data.finished_ids[i]: float(v)
                 for i, v in zip(since, regressor.log_latency(guess), strict=True)
             },
         }
+        return self
 
     def _first_fit_predictions(self, model: Nurd, data: CheckpointData) -> dict[str, float]:
         assert model.regressor_ is not None and data.finished_ids is not None
@@ -698,7 +787,7 @@ class SurvivalGate(Gate):
         if model.regressor_ is None or data.n_finished < 5 or len(view.guess) == 0:
             return Scores.from_latency(latency, latency / weight, data.threshold, view.z, weight, prior)
         regressor = model.regressor_part()
-        held_out: dict[str, float] = getattr(model, "held_out_", {})
+        held_out = self.held_out_
         finished_log_h = np.full(data.n_finished, np.nan)
         if data.finished_ids is not None:
             finished_log_h[:] = [held_out.get(t, np.nan) for t in data.finished_ids]
@@ -734,7 +823,9 @@ class _RunningView:
 
 class Nurd(StragglerMethod):
     """NURD from its parts: a ``regressor``, a ``weighting`` (with its propensity model) and a
-    ``gate``; None is the shipped part, so ``Nurd()`` is the shipped ``nurd``. Parameters are stored
+    ``gate``; None is the shipped part, so ``Nurd()`` is the shipped ``nurd``: `GradientBoostedLatency()`,
+    `DensityWeighting(strength=0.0)` (flags read h alone; the predictor reads the density ratio for its
+    lift) and `SurvivalPredictor()`. Parameters are stored
     as given and checked in ``fit`` (each part checks its own); learned state ends with ``_``.
 
     ``calibrate`` (the weighting's per-job ``offset``, the paper's centroid delta ``delta_``) runs once
@@ -745,23 +836,18 @@ class Nurd(StragglerMethod):
     name = "nurd"
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {
         "scaler_": STANDARDISER,
-        "regressor_": optional(XGB_REGRESSOR),
+        "regressor_": optional(BOOSTER),
         "propensity_": optional(linear_model(LogisticRegression)),
     }
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
         "regressor": [GradientBoostedLatency, None],
         "weighting": [Weighting, None],
         "gate": [Gate, None],
-        "random_state": [Interval(Integral, 0, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, "left")],
     }
-    # learned state the gate sets (`Gate.fit`); declared only, so unset until a fit sets it
-    skill_: float
-    strength_: float
-    calibrator_: tuple[float, float, float] | None
-    held_out_: dict[str, float]
-    """`SurvivalGate`: each finished task's predicted log latency by a fit that did not train on it."""
-    calibration_: dict[str, float]
-    rankings_: list[_Ranking]
+    gate_: Gate
+    """The fitted copy of the gate (`Gate`), which holds what it learned; declared only, so unset until
+    a fit sets it."""
 
     def __init__(
         self,
@@ -780,10 +866,10 @@ class Nurd(StragglerMethod):
         return GradientBoostedLatency() if self.regressor is None else self.regressor
 
     def weighting_part(self) -> Weighting:
-        return DensityWeighting() if self.weighting is None else self.weighting
+        return DensityWeighting(strength=0.0) if self.weighting is None else self.weighting
 
     def gate_part(self) -> Gate:
-        return SurvivalGate() if self.gate is None else self.gate
+        return SurvivalPredictor() if self.gate is None else self.gate
 
     def get_params(self) -> dict[str, Any]:
         """The parameters as plain data, each part as its class name and its own parameters (what a
@@ -798,7 +884,7 @@ class Nurd(StragglerMethod):
     def _check_params(self) -> None:
         """Raise ValueError naming the first parameter out of range, a part's included."""
         params = {name: getattr(self, name) for name in self._parameter_constraints}
-        validate_parameter_constraints(self._parameter_constraints, params, caller_name="Nurd")
+        check_parameters(self._parameter_constraints, params, "Nurd")
         weighting = self.weighting_part()
         self.regressor_part().check()
         weighting.check()
@@ -826,14 +912,14 @@ class Nurd(StragglerMethod):
         X_fin = self.scaler_.transform(data.X_finished)
         y = regressor.target(data.latency_finished)
         self.mean_target_ = float(np.mean(y)) if len(y) else 0.0
-        self.regressor_: xgb.XGBRegressor | None = None
+        self.regressor_: xgb.Booster | None = None
         if len(y) >= 2 and float(np.var(y)) > 1e-12:
             self.regressor_ = regressor.fit(X_fin, y, self.random_state)
         self.propensity_: LogisticRegression | None = None
         if weighting.reads_propensity and data.n_running > 0 and data.n_finished > 0:
             X_run = self.scaler_.transform(data.X_running)
             self.propensity_ = weighting.propensity_model().fit(X_fin, X_run)
-        gate.fit(self, data, past, observed)
+        self.gate_ = copy.copy(gate).fit(self, data, past, observed)
         kept = gate.past_fits_kept()
         if kept and data.at is not None:
             self.fitted_at_ = float(data.at)
@@ -856,9 +942,9 @@ class Nurd(StragglerMethod):
 
     def predicted_latency(self, guess: FloatArray) -> FloatArray:
         """Predicted latency in seconds from the regressor's ``guess``, shrunk toward the finished
-        mean by the skill where the gate shrinks."""
-        if self.regressor_ is not None and self.gate_part().shrinks_latency:
-            guess = self.mean_target_ + self.skill_ * (guess - self.mean_target_)
+        mean by the fitted gate's skill where it shrinks."""
+        if self.regressor_ is not None and self.gate_.shrinks_latency:
+            guess = self.mean_target_ + self.gate_.skill_ * (guess - self.mean_target_)
         return self.regressor_part().latency(guess)
 
     def percentile(self, view: _RunningView) -> FloatArray:
@@ -883,23 +969,27 @@ class Nurd(StragglerMethod):
             return Scores.from_latency(empty, empty, data.threshold, empty, empty)
         view = self.running_view(data.X_running)
         latency = self.predicted_latency(view.guess)
-        weight = self.weighting_part().weight(view.z, self.delta_, self.strength_)
-        return self.gate_part().scores(self, data, view, latency, weight)
+        weight = self.weighting_part().weight(view.z, self.delta_, self.gate_.strength_)
+        return self.gate_.scores(self, data, view, latency, weight)
 
     def get_state(self) -> State:
-        """Learned state, with the rankings (`CalibratedGate`) and the reused past fits as data."""
+        """Learned state, with the fitted gate's (`Gate.get_state`) and the reused past fits as data."""
         state = super().get_state()
-        if "rankings_" in state:
-            state["rankings_"] = RANKINGS.dump(self.rankings_)
+        if "gate_" in state:
+            state["gate_"] = self.gate_.get_state()
         if "history_" in state:
             state["history_"] = [fit.get_state() for fit in self.history_]
         return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        rest = {k: v for k, v in state.items() if k not in ("rankings_", "history_")}
+        rest = {k: v for k, v in state.items() if k not in ("gate_", "history_")}
         super().set_state(rest)
-        if "rankings_" in state:
-            self.rankings_ = RANKINGS.load(state["rankings_"])
+        if "gate_" in state:
+            gate = copy.copy(self.gate_part())
+            if not isinstance(state["gate_"], Mapping):
+                raise ValueError("a fitted gate's state is a mapping")
+            gate.set_state(state["gate_"])
+            self.gate_ = gate
         if "history_" in state:
             past = []
             for fit_state in state["history_"]:
@@ -910,12 +1000,13 @@ class Nurd(StragglerMethod):
 
     def diagnostics(self) -> dict[str, Any]:
         """Learned quantities worth logging with a model version."""
+        gate = getattr(self, "gate_", None)
         return {
             "delta": getattr(self, "delta_", None),
-            "skill": getattr(self, "skill_", None),
-            "strength": getattr(self, "strength_", None),
-            "calibration": getattr(self, "calibration_", None),
-            "calibrator": getattr(self, "calibrator_", None),
+            "skill": getattr(gate, "skill_", None),
+            "strength": getattr(gate, "strength_", None),
+            "calibration": getattr(gate, "calibration_", None),
+            "calibrator": getattr(gate, "calibrator_", None),
         }
 
 
@@ -961,7 +1052,7 @@ def _load_ranking(state: Mapping[str, Any]) -> _Ranking:
     return _Ranking(ids, *arrays)
 
 
-RANKINGS = listed(StateCodec(_dump_ranking, _load_ranking))
+RANKINGS: StateCodec = listed(StateCodec(_dump_ranking, _load_ranking))
 
 
 def _judged(rankings: list[_Ranking], data: CheckpointData) -> FloatArray:
@@ -1032,7 +1123,9 @@ def _log_likelihood(model: LogisticRegression, X: FloatArray, y: FloatArray) -> 
 PRESETS: dict[str, Callable[[int], Nurd]] = {
     "nurd": lambda random_state: Nurd(random_state=random_state),
     "nurd-calibrated": lambda random_state: Nurd(gate=CalibratedGate(), random_state=random_state),
-    "nurd-backtest": lambda random_state: Nurd(gate=BacktestGate(), random_state=random_state),
+    "nurd-backtest": lambda random_state: Nurd(
+        weighting=DensityWeighting(strength=None), gate=BacktestGate(), random_state=random_state
+    ),
     "nurd-paper": lambda random_state: Nurd(
         GradientBoostedLatency(log_target=False),
         PaperWeighting(LogisticPropensity(balanced=False)),
@@ -1048,7 +1141,11 @@ PRESETS: dict[str, Callable[[int], Nurd]] = {
     "gbtr": lambda random_state: Nurd(
         GradientBoostedLatency(log_target=False), NoWeighting(), NoGate(), random_state
     ),
-    "nurd-warm": lambda random_state: Nurd(gate=BacktestGate(reuse_past_fits=3), random_state=random_state),
+    "nurd-warm": lambda random_state: Nurd(
+        weighting=DensityWeighting(strength=None),
+        gate=BacktestGate(reuse_past_fits=3),
+        random_state=random_state,
+    ),
 }
 """The compared variants by registry name, each built from its parts with a seed.
 

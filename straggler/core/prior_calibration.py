@@ -21,16 +21,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from numbers import Real
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from scipy.special import expit, logit
 from sklearn.base import BaseEstimator
 from sklearn.linear_model import LogisticRegression
-from sklearn.utils._param_validation import Interval
 
 from straggler.core.arrays import FloatArray
 from straggler.core.online import finished_needed
+from straggler.core.parameters import Constraint, Interval, check_own_parameters
 from straggler.core.survival import LatencySurvival
 from straggler.core.threshold import online_threshold, oracle_threshold
 
@@ -53,9 +53,9 @@ class PriorCalibration(BaseEstimator):
     identity. Parameters are checked by `check` (called from the owning gate's ``fit``).
     """
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
         "intercept": [Real],
-        "slope": [Interval(Real, 0, None, closed="neither")],
+        "slope": [Interval(Real, 0, None, "neither")],
         "progress": [Real],
     }
 
@@ -66,7 +66,7 @@ class PriorCalibration(BaseEstimator):
 
     def check(self) -> None:
         """Raise ValueError naming a parameter out of range."""
-        self._validate_params()
+        check_own_parameters(self)
 
     def transform(self, prior: FloatArray, finished_share: float | FloatArray) -> FloatArray:
         """The calibrated probabilities of running tasks with survival ``prior``, when their job has

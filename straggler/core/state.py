@@ -101,7 +101,7 @@ def _dump_booster(booster: Any) -> bytes:
 
 
 def _load_xgboost(raw: bytes, model: Any) -> Any:
-    """``model`` (a fresh Booster or XGBRegressor) loaded from UBJSON ``raw``."""
+    """``model`` (a fresh Booster) loaded from UBJSON ``raw``."""
     if not isinstance(raw, bytes):
         raise ValueError("an XGBoost model is stored as bytes")
     model.load_model(bytearray(raw))
@@ -116,20 +116,6 @@ def _load_booster(raw: bytes) -> Any:
 
 BOOSTER = StateCodec(_dump_booster, _load_booster)
 """An ``xgboost.Booster`` in XGBoost's UBJSON model format."""
-
-
-def _dump_xgb_regressor(model: Any) -> bytes:
-    return _dump_booster(model.get_booster())
-
-
-def _load_xgb_regressor(raw: bytes) -> Any:
-    import xgboost as xgb
-
-    return _load_xgboost(raw, xgb.XGBRegressor())
-
-
-XGB_REGRESSOR = StateCodec(_dump_xgb_regressor, _load_xgb_regressor)
-"""An ``xgboost.XGBRegressor``, as its booster in UBJSON (what ``predict`` reads)."""
 
 
 # -- scikit-learn -------------------------------------------------------------------------------------

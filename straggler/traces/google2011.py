@@ -31,6 +31,37 @@ MACHINE_FAILURE_EVENTS = frozenset({EVICT, FAIL, KILL, LOST})
 NO_RUN, RUN_OPEN, RUN_CUT = -1, 100, 101
 """`last_kind` codes besides the terminal event types: no observed run, still running, cut at a gap."""
 
+(
+    TIME,
+    MISSING_INFO,
+    JOB_ID,
+    TASK_INDEX,
+    MACHINE_ID,
+    EVENT_TYPE,
+    USER,
+    SCHEDULING_CLASS,
+    PRIORITY,
+    CPU_REQUEST,
+    MEMORY_REQUEST,
+    DISK_REQUEST,
+    DIFFERENT_MACHINES,
+) = range(13)
+"""The columns of a ``task_events`` row, in the trace's schema order (times in microseconds)."""
+STATIC_COLUMNS = (CPU_REQUEST, MEMORY_REQUEST, DISK_REQUEST, PRIORITY, SCHEDULING_CLASS, DIFFERENT_MACHINES)
+"""The request and constraint columns a task's static features come from, in the order of
+`OnlineFeatureLog.static_changed`'s values."""
+(
+    JOB_TIME,
+    JOB_MISSING_INFO,
+    JOB_JOB_ID,
+    JOB_EVENT_TYPE,
+    JOB_USER,
+    JOB_SCHEDULING_CLASS,
+    JOB_NAME,
+    JOB_LOGICAL_NAME,
+) = range(8)
+"""The columns of a ``job_events`` row, in the trace's schema order."""
+
 TASK_EVENTS_DIR = "task_events"
 JOB_EVENTS_DIR = "job_events"
 PART_NAME = re.compile(r"^part-(\d{5})-of-(\d{5})\.csv\.gz$")
@@ -87,6 +118,47 @@ class _TaskTable:
     window_end_us: int
 
 
+@dataclass
+class _TaskRuns:
+    """The sweep's state of every task seen so far, by dense task code: a list per field, all
+    extended together by `add` (lists, not objects: the sweep reads millions of events)."""
+
+    job: list[int] = field(default_factory=list)
+    index: list[str] = field(default_factory=list)
+    run_start: list[int] = field(default_factory=list)
+    """The current run's SCHEDULE time (us), -1 when not running."""
+    run_machine: list[int] = field(default_factory=list)
+    last_start: list[int] = field(default_factory=list)
+    """`_TaskTable`'s, below."""
+    last_end: list[int] = field(default_factory=list)
+    last_kind: list[int] = field(default_factory=list)
+    last_machine: list[int] = field(default_factory=list)
+    unobserved: list[bool] = field(default_factory=list)
+    finished_any: list[bool] = field(default_factory=list)
+    static_text: list[str] = field(default_factory=list)
+    """The task's request and constraint columns as last seen, joined (to notice a change)."""
+
+    def add(self, job: int, index: str) -> int:
+        """A new task of job code ``job`` with task index ``index``, not yet run; its code."""
+        self.job.append(job)
+        self.index.append(index)
+        self.run_start.append(-1)
+        self.run_machine.append(-1)
+        self.last_start.append(-1)
+        self.last_end.append(-1)
+        self.last_kind.append(NO_RUN)
+        self.last_machine.append(-1)
+        self.unobserved.append(False)
+        self.finished_any.append(False)
+        self.static_text.append("")
+        return len(self.job) - 1
+
+
+def _static_features(row: list[str]) -> tuple[float, ...]:
+    """A ``task_events`` row's request and constraint columns (`STATIC_COLUMNS`), NaN where empty."""
+    return tuple(_float_or_nan(row[column]) for column in STATIC_COLUMNS)
+
+
 def _sweep(trace_dir: Path, log: OnlineFeatureLog | None, progress: bool) -> _TaskTable:
     """One pass over all task events in time order: last runs per task, and feature steps into ``log``."""
     parts = trace_parts(trace_dir / TASK_EVENTS_DIR)
@@ -95,17 +167,16 @@ def _sweep(trace_dir: Path, log: OnlineFeatureLog | None, progress: bool) -> _Ta
     job_code: dict[str, int] = {}
     machine_code: dict[str, int] = {}
     task_code: dict[tuple[str, str], int] = {}
-    task_job: list[int] = []
-    task_index: list[str] = []
-    run_start: list[int] = []  # current run's SCHEDULE time, -1 when not running
-    run_machine: list[int] = []
-    last_start: list[int] = []
-    last_end: list[int] = []
-    last_kind: list[int] = []
-    last_machine: list[int] = []
-    unobserved: list[bool] = []
-    finished_any: list[bool] = []
-    static_text: list[str] = []
+    tasks = _TaskRuns()
+    # the columns the loop below updates, by local name (it runs once per event)
+    run_start, run_machine = tasks.run_start, tasks.run_machine
+    last_start, last_end, last_kind, last_machine = (
+        tasks.last_start,
+        tasks.last_end,
+        tasks.last_kind,
+        tasks.last_machine,
+    )
+    unobserved, finished_any, task_job = tasks.unobserved, tasks.finished_any, tasks.job
     running: set[int] = set()
     events = anomalies = gaps = 0
     window_start = window_end = -1
@@ -129,50 +200,29 @@ def _sweep(trace_dir: Path, log: OnlineFeatureLog | None, progress: bool) -> _Ta
             running.clear()
         previous_part = part
         for row in _csv_rows(path):
-            t = int(row[0])
-            kind = int(row[5])
+            t = int(row[TIME])
+            kind = int(row[EVENT_TYPE])
             events += 1
             if window_start < 0:
                 window_start = t
             window_end = t
-            key = (row[2], row[3])
+            job, machine = row[JOB_ID], row[MACHINE_ID]
+            key = (job, row[TASK_INDEX])
             c = task_code.get(key)
             if c is None:
-                c = task_code[key] = len(task_job)
-                if row[2] not in job_code:
-                    job_code[row[2]] = len(job_code)
-                task_job.append(job_code[row[2]])
-                task_index.append(row[3])
-                run_start.append(-1)
-                run_machine.append(-1)
-                last_start.append(-1)
-                last_end.append(-1)
-                last_kind.append(NO_RUN)
-                last_machine.append(-1)
-                unobserved.append(False)
-                finished_any.append(False)
-                static_text.append("")
-            if log is not None and row[9]:
-                text = ",".join(row[7:13])
-                if text != static_text[c]:
-                    static_text[c] = text
-                    log.static_changed(
-                        c,
-                        t,
-                        (
-                            _float_or_nan(row[9]),
-                            _float_or_nan(row[10]),
-                            _float_or_nan(row[11]),
-                            _float_or_nan(row[8]),
-                            _float_or_nan(row[7]),
-                            _float_or_nan(row[12]),
-                        ),
-                    )
+                if job not in job_code:
+                    job_code[job] = len(job_code)
+                c = task_code[key] = tasks.add(job_code[job], row[TASK_INDEX])
+            if log is not None and row[CPU_REQUEST]:
+                text = ",".join(row[SCHEDULING_CLASS : DIFFERENT_MACHINES + 1])
+                if text != tasks.static_text[c]:
+                    tasks.static_text[c] = text
+                    log.static_changed(c, t, _static_features(row))
             if kind == SCHEDULE:
-                if not row[4]:
+                if not machine:
                     anomalies += 1
                     continue
-                m = machine_of(row[4])
+                m = machine_of(machine)
                 if run_start[c] >= 0:  # scheduled while running: the earlier run ended unseen
                     anomalies += 1
                     if log is not None:
@@ -200,7 +250,7 @@ def _sweep(trace_dir: Path, log: OnlineFeatureLog | None, progress: bool) -> _Ta
                         latency = t - start if kind == FINISH and start > 0 else None
                         log.run_ended(c, task_job[c], m, t, latency)
                 else:
-                    m = machine_of(row[4]) if row[4] else -1
+                    m = machine_of(machine) if machine else -1
                     if m >= 0 and last_kind[c] != RUN_CUT:
                         # It was running on a machine since an unseen SCHEDULE: that is its last run now.
                         last_start[c], last_end[c], last_kind[c], last_machine[c] = -1, -1, NO_RUN, -1
@@ -225,7 +275,7 @@ def _sweep(trace_dir: Path, log: OnlineFeatureLog | None, progress: bool) -> _Ta
         job_names=job_names,
         machine_names=machine_names,
         task_job=np.asarray(task_job, dtype=np.int64),
-        task_index=task_index,
+        task_index=tasks.index,
         last_start=np.asarray(last_start, dtype=np.int64),
         last_end=np.asarray(last_end, dtype=np.int64),
         last_kind=np.asarray(last_kind, dtype=np.int64),
@@ -314,13 +364,14 @@ def _job_metadata(trace_dir: Path, wanted: set[str]) -> dict[str, dict[str, floa
         return meta
     for _, path in trace_parts(directory):
         for row in _csv_rows(path):
-            if row[2] not in wanted or row[2] in meta:
+            job = row[JOB_JOB_ID]
+            if job not in wanted or job in meta:
                 continue
-            meta[row[2]] = {
-                "user": row[4],
-                "job_name": row[6],
-                "logical_job_name": row[7],
-                "job_first_event_s": int(row[0]) / US_PER_S,
+            meta[job] = {
+                "user": row[JOB_USER],
+                "job_name": row[JOB_NAME],
+                "logical_job_name": row[JOB_LOGICAL_NAME],
+                "job_first_event_s": int(row[JOB_TIME]) / US_PER_S,
             }
     return meta
 
