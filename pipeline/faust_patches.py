@@ -13,7 +13,7 @@ fails if the Faust or mode internal it relies on changes.
    ``ProducerBuffer.flush``, which returns once 0.1 s pass without a message leaving the buffer. A
    NURD fit holding the event loop for longer makes it return with rows still buffered, and the
    records that wrote them are acknowledged anyway: after a kill those rows are lost. The flush is
-   made to wait until empty.
+   made to wait until every message buffered when it began has left.
 3. `keep_queued_records`: mode's ``FlowControlEvent.resume`` empties every queue it manages; right
    after a rebalance, wrong when Faust calls it again at the end of a recovery, because the cleared
    records are then neither delivered again nor acknowledged (docs/reliability.md, "A recovery keeps
@@ -60,13 +60,19 @@ class DrainableBuffer(Protocol):
 
 
 def complete_flush(buffer: DrainableBuffer) -> Callable[[], Coroutine[Any, Any, None]]:
-    """A ``flush`` for ``buffer`` that returns only when it is empty (or raises once it stalls)."""
+    """A ``flush`` for ``buffer`` that returns once every message buffered when it began has left
+    (the buffer is first in, first out), or raises once it stalls.
+
+    Not "until the buffer is empty": writes that keep coming meanwhile (ADMM's consensus table, a
+    round every tenth of a second) would keep it from ever being empty, and the group commit that
+    awaits this flush, holding the agent, would never end."""
 
     async def flush() -> None:
-        idle = 0.0
-        while buffer.size:
-            if await buffer.flush_atmost(None):
-                idle = 0.0
+        owed, idle = buffer.size, 0.0
+        while owed > 0 and buffer.size:
+            sent = await buffer.flush_atmost(owed)  # counts at most the messages sent: never too few
+            if sent:
+                owed, idle = owed - sent, 0.0
             else:
                 idle += STEP_S
                 if idle >= STALL_LIMIT_S:

@@ -77,6 +77,29 @@ def test_the_complete_flush_waits_until_the_buffer_is_empty() -> None:
     assert buffer.size == 0 and buffer.calls == 20
 
 
+class BusyBuffer:
+    """Faust's buffer while writes keep coming (ADMM's consensus table, a round every tenth of a
+    second): each message that leaves is replaced by a new one, so it is never empty."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.sent = 0
+
+    async def flush_atmost(self, max_messages: int | None) -> int:
+        self.sent += 1  # one message leaves, and another is written meanwhile
+        if self.sent > 100:
+            raise AssertionError("the flush waited for messages written after it began")
+        return 1
+
+
+def test_the_complete_flush_ends_once_what_was_buffered_has_left_though_writes_go_on() -> None:
+    """A group commit awaits this flush while holding the agent: waiting for an empty buffer under
+    a steady stream of writes stalled the worker for good (CI, testcontainers: the ADMM broker test)."""
+    buffer = BusyBuffer(size=3)
+    asyncio.run(complete_flush(buffer)())
+    assert buffer.sent == 3 and buffer.size == 3
+
+
 def test_a_stalled_buffer_fails_the_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(faust_patches, "STALL_LIMIT_S", 0.5)
     buffer = SlowBuffer(size=1, stalls_per_message=10**9)
