@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import re
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ import numpy as np
 from benchlib import REPO, broker, machine, table, wait_group_stable, write_outputs
 from dask_work import Fault, planned_seconds, run_task
 from matplotlib.figure import Figure
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.settings import WorkerSettings, app_id
 from straggler.kafka.embedded import free_port
@@ -145,10 +145,10 @@ class Pipeline:
                     raise
                 time.sleep(1.0)
         found = dict.fromkeys(names.values(), 0.0)
-        for line in text.splitlines():
-            match = re.fullmatch(r"(\w+) ([0-9.eE+-]+)", line)
-            if match and match.group(1) in names:
-                found[names[match.group(1)]] = float(match.group(2))
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in names:
+                    found[names[sample.name]] = float(sample.value)
         return found
 
 
