@@ -58,7 +58,7 @@ from straggler.core.decision_event import decision_of
 from straggler.core.online import Decision
 from straggler.core.policies import MitigationPolicy
 from straggler.core.policy_spec import make_policy
-from straggler.kafka.routing import is_home
+from straggler.kafka.routing import is_on_job_partition
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class MitigationState:
         if (
             self.partitions is not None
             and isinstance(event, TaskCheckpoint | TaskBatch | CheckpointBoundary | JobEvent)
-            and not is_home(key, event.job_id, partition, self.partitions)
+            and not is_on_job_partition(key, event.job_id, partition, self.partitions)
         ):
             return []  # the worker forwards it to its job's partition, or dead-letters it
         outputs: list[Output] = []
@@ -333,8 +333,8 @@ class MitigationState:
                 ended.discard(job_id)
 
 
-Where = tuple[str, int]
-"""An input partition: (topic, partition)."""
+TopicAndPartition = tuple[str, int]
+"""An input partition: (topic, partition), as in a `confluent_kafka.TopicPartition`."""
 
 
 class Rebuild:
@@ -346,7 +346,7 @@ class Rebuild:
     command ids included, so no command is lost or repeated.
     """
 
-    def __init__(self, state: MitigationState, ends: dict[Where, int]) -> None:
+    def __init__(self, state: MitigationState, ends: dict[TopicAndPartition, int]) -> None:
         self.state = state
         self.remaining = dict(ends)
         """Partitions not yet read up to their end (an exclusive offset)."""
@@ -365,6 +365,6 @@ class Rebuild:
         if offset + 1 >= end:
             self.reached(where)
 
-    def reached(self, where: Where) -> None:
+    def reached(self, where: TopicAndPartition) -> None:
         """Nothing more to read on ``where`` (its end, or the partition's end of data)."""
         self.remaining.pop(where, None)

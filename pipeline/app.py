@@ -19,7 +19,7 @@ import faust
 
 from pipeline.faust_app import create_changelog_topics as create_changelog_topics  # `straggler worker`
 from pipeline.faust_app import faust_app, job_store, start_uncommitted_inputs_at_their_beginning
-from pipeline.faust_patches import acknowledged, give_up, let_go_before_waiting
+from pipeline.faust_patches import acknowledged, release_before_wait_empty, release_without_commit
 from pipeline.group_commit import COMMIT_SECONDS, GroupCommit, InputRecord
 from pipeline.handler import AgentStats, JobEventHandler, Send, process
 from pipeline.jobstore import Position
@@ -66,7 +66,7 @@ class Worker:
         )
         self.commits = GroupCommit(self.store, self.handler.waiting_for_start)
         self.unacknowledged: dict[Position, faust.EventT] = {}
-        """The events of the records received and not acknowledged or given up yet."""
+        """The events of the records received and not acknowledged or released yet."""
         self.handling = asyncio.Lock()
         """Held while a record is handled or a commit runs: they never interleave."""
         start_uncommitted_inputs_at_their_beginning(app, {names.checkpoints, names.job_events})
@@ -85,21 +85,21 @@ class Worker:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
 
         Records are acknowledged by hand, by the group commit that makes their changes durable."""
-        let_go_before_waiting(self.app.consumer, self.let_go)
+        release_before_wait_empty(self.app.consumer, self.release_unacknowledged)
         async for event in cast(faust.Stream[bytes], stream).noack().events():
             message = event.message
             record = InputRecord(message.key, message.value, message.topic, message.partition, message.offset)
-            # Held from the moment it arrives, before the lock: a stop or a rebalance that lets go
-            # while a commit holds the lock must give this record up too, or Faust waits for it
+            # Held from the moment it arrives, before the lock: a stop or a rebalance that releases
+            # records while a commit holds the lock must release this one too, or Faust waits for it
             # forever (its flow is suspended, so no later record brings the commit that would ack it).
             self.unacknowledged[record.position] = event
             async with self.handling:
                 if record.position not in self.unacknowledged:
-                    continue  # given up while waiting: its partition's next owner reads it again
+                    continue  # released while waiting: its partition's next owner reads it again
                 await process(self.handler, record, self.send)
                 if record.position in self.unacknowledged:
                     self.commits.handled(record)
-                else:  # its partition was let go meanwhile: its changes go too
+                else:  # its partition was revoked meanwhile: its changes go too
                     self.store.forget_cache()
                 if self.commits.due():
                     await self.commit()
@@ -114,7 +114,7 @@ class Worker:
             return
         for record in records:
             event = self.unacknowledged.pop(record.position, None)
-            if event is not None:  # else given up by a rebalance meanwhile
+            if event is not None:  # else released by a rebalance meanwhile
                 event.ack()
 
     async def commit_when_due(self) -> None:
@@ -123,19 +123,19 @@ class Worker:
             async with self.handling:
                 await self.commit()
 
-    def let_go(self) -> None:
-        """Partitions move: give up the records not acknowledged (their next owner reads them again),
-        and forget the changes they made."""
+    def release_unacknowledged(self) -> None:
+        """Partitions are revoked (or the consumer stops): release the records not acknowledged (their
+        next owner reads them again), and forget the changes they made."""
         self.store.forget_cache()
-        self.handler.let_go()
-        self.commits.let_go()
+        self.handler.release_unacknowledged()
+        self.commits.release_unacknowledged()
         for event in self.unacknowledged.values():
-            give_up(event)
+            release_without_commit(event)
         self.unacknowledged.clear()
 
     async def on_partitions_revoked(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         """The cache may hold jobs that are no longer ours: drop it, with the records not acknowledged."""
-        self.let_go()
+        self.release_unacknowledged()
 
     async def on_partitions_assigned(self, sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
         """The cache may miss changelog updates: drop it, unless it holds changes not written yet

@@ -3,12 +3,12 @@
 Faust has no public API for these; each patch is one function here, and tests/test_faust_patches.py
 fails if the Faust or mode internal it relies on changes.
 
-1. `give_up`, `let_go_before_waiting`: the agent acknowledges records by hand, at the group commit
-   that makes their changes durable (`pipeline.group_commit`). Before a rebalance or a stop Faust
-   waits until every record it delivered is acknowledged (``Consumer.wait_empty``); records waiting
-   for a commit or for their job's start never would be. They are given up first: marked done
-   (``Message.acked``) without an acknowledgement, so their offsets are not committed and the
-   partition's next owner reads them.
+1. `release_without_commit`, `release_before_wait_empty`: the agent acknowledges records by hand,
+   at the group commit that makes their changes durable (`pipeline.group_commit`). Before a
+   rebalance or a stop Faust waits until every record it delivered is acknowledged
+   (``Consumer.wait_empty``); records waiting for a commit or for their job's start never would be.
+   They are released first: marked done (``Message.acked``) without an acknowledgement, so their
+   offsets are not committed and the partition's next owner reads them.
 2. `drain_fully`: the producer's flush, which each group commit awaits, drains Faust's buffer with
    ``ProducerBuffer.flush``, which returns once 0.1 s pass without a message leaving the buffer. A
    NURD fit holding the event loop for longer makes it return with rows still buffered, and the
@@ -28,20 +28,20 @@ from typing import Any, Protocol
 import faust
 
 
-def give_up(event: faust.EventT) -> None:
+def release_without_commit(event: faust.EventT) -> None:
     """Mark ``event`` done for Faust without acknowledging it: it is not committed, nor waited for."""
     event.message.acked = True
 
 
-def let_go_before_waiting(consumer: Any, let_go: Callable[[], None]) -> None:
-    """Make the consumer's ``wait_empty`` (a rebalance's or a stop's) call ``let_go`` first."""
+def release_before_wait_empty(consumer: Any, release: Callable[[], None]) -> None:
+    """Make the consumer's ``wait_empty`` (a rebalance's or a stop's) call ``release`` first."""
     wait_empty: Callable[[], Coroutine[Any, Any, None]] = consumer.wait_empty
 
-    async def let_go_then_wait_empty() -> None:
-        let_go()
+    async def release_then_wait_empty() -> None:
+        release()
         await wait_empty()
 
-    consumer.wait_empty = let_go_then_wait_empty
+    consumer.wait_empty = release_then_wait_empty
 
 
 STALL_LIMIT_S = 60.0

@@ -47,7 +47,7 @@ class GroupCommit:
     _handled: list[InputRecord] = field(default_factory=list)
     _last_commit: float = field(default=float("-inf"))
     _generation: int = 0
-    """Counts `let_go`s: a commit during which partitions moved hands out nothing."""
+    """Counts `release_unacknowledged` calls: a commit during which partitions moved hands out nothing."""
 
     def handled(self, record: InputRecord) -> None:
         """The worker has handled ``record``: the next commit covers it."""
@@ -57,9 +57,9 @@ class GroupCommit:
         """Whether records wait for a commit and the last one is `interval` ago."""
         return bool(self._handled) and self.clock() - self._last_commit >= self.interval
 
-    def let_go(self) -> None:
-        """Partitions are about to move: the worker gives up every record not acknowledged (the
-        next owner reads them again) and the store forgets their changes."""
+    def release_unacknowledged(self) -> None:
+        """Partitions are about to be revoked (or the consumer stops): the worker releases every
+        record not acknowledged (the next owner reads them again) and the store forgets their changes."""
         self._handled.clear()
         self._generation += 1
 
@@ -97,7 +97,7 @@ class GroupCommit:
             raise
         self.store.retire_models(written)  # 4
         if generation != self._generation:
-            return []  # given up meanwhile: the partitions' next owners read them again
+            return []  # released meanwhile: the partitions' next owners read them again
         waiting = self.waiting_for_start()  # 5
         self._handled = [r for r in records if r.position in waiting] + self._handled
         return [r for r in records if r.position not in waiting]

@@ -144,8 +144,9 @@ class JobEventHandler:
         """The records waiting for their job's start: no commit covers them yet."""
         return {waiting.record.position for items in self.pending.values() for waiting in items}
 
-    def let_go(self) -> None:
-        """Partitions are about to move: forget the records waiting for their jobs' start."""
+    def release_unacknowledged(self) -> None:
+        """Partitions are about to be revoked (or the consumer stops): forget the records waiting for
+        their jobs' start."""
         self.pending.clear()
         self.abandoning.clear()
 

@@ -152,7 +152,7 @@ class JobStore:
 
     def forget_cache(self) -> None:
         """Partitions moved: what is cached may no longer be ours, or may be stale. Changes not
-        written yet go with it: the worker gives up the records that made them, unacknowledged."""
+        written yet go with it: the worker releases the records that made them, unacknowledged."""
         self._cache.clear()
         self._ended.clear()
 

@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the package, and the test harness (tests/harness)
 
 from harness.liveview_run import pipeline_and_view, screenshot, wait_for  # noqa: E402
+from harness.small_jobs import make_job  # noqa: E402
 
 from straggler.core.jobtrace import JobTrace  # noqa: E402
 from straggler.kafka.embedded import embedded_kafka  # noqa: E402
 from straggler.kafka.names import TopicNames  # noqa: E402
 from straggler.kafka.topics import create_topics  # noqa: E402
 from straggler.replay import closed_loop_replay  # noqa: E402
-from straggler.traces.small_jobs import make_job  # noqa: E402
 
 INTERVAL = 4.0
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness.small_jobs import make_job
 
 from straggler.core.admm import (
     DEFAULT_NODES,
@@ -33,7 +34,6 @@ from straggler.evaluation import EvaluationConfig, evaluate, summarise
 from straggler.kafka.config import consumer_config, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import DEFAULT_PARTITIONS, create_topics
-from straggler.traces.small_jobs import make_job
 
 # Kafka's own test vectors for Utils.murmur2 (clients/src/test/.../UtilsTest.java), as signed ints.
 KAFKA_MURMUR2 = {

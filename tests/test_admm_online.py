@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.small_jobs import make_job
 
 from pipeline.admm_online import table_changelog
 from pipeline.settings import WorkerSettings, app_id
@@ -31,7 +32,6 @@ from straggler.core.partitioner import partition_of
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import DEFAULT_PARTITIONS, create_topics
 from straggler.replay import child_process, read_topic
-from straggler.traces.small_jobs import make_job
 
 N = DEFAULT_PARTITIONS
 CONVERGED = 1e-6

@@ -428,14 +428,14 @@ def test_records_waiting_for_their_jobs_start_are_handed_out_once_applied_or_dea
     assert worker.commit() == [2], "its dead letter is on the broker by then (step 1)"
 
 
-def test_records_let_go_while_a_commit_awaits_the_broker_are_not_handed_out() -> None:
+def test_records_released_while_a_commit_awaits_the_broker_are_not_handed_out() -> None:
     worker = Worker(commit_each=False)
     for event in [started(), *some_finished(), running("r", 10.0), boundary(10.0)]:
         worker.event(event)
 
     def rebalance() -> None:  # what `pipeline.app.Worker` does when partitions move
-        worker.handler.let_go()
-        worker.commits.let_go()
+        worker.handler.release_unacknowledged()
+        worker.commits.release_unacknowledged()
         worker.store.forget_cache()
 
     assert worker.commit(rebalance) == []

@@ -78,7 +78,7 @@ def synthetic_job(
 
 def population(n_features: int) -> list[JobTrace]:
     """Small complete jobs with ``n_features`` features (x0 drives latency), for cross-job methods."""
-    from straggler.traces.small_jobs import make_job
+    from harness.small_jobs import make_job
 
     jobs = []
     for i in range(6):

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from harness.small_jobs import make_job
 from offline_expectations import offline_nurd
 from test_foreign_producer import replayed_records
 
@@ -45,7 +46,6 @@ from straggler.kafka.offsets import end_offset
 from straggler.kafka.smoke import SMOKE_TOPIC, smoke_check
 from straggler.kafka.topics import DEFAULT_PARTITIONS, TASK_CHECKPOINTS, create_topics
 from straggler.replay import child_process, read_topic
-from straggler.traces.small_jobs import make_job
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 240.0

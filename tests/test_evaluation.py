@@ -3,12 +3,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.small_jobs import make_job
 
 from straggler import report
 from straggler.cli import main
 from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import EvaluationConfig, evaluate, summarise
-from straggler.traces.small_jobs import make_job
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "google-2011-sample"
 

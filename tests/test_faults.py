@@ -29,6 +29,7 @@ from harness.fault_scenarios import (
     stream_events,
     with_repeats,
 )
+from harness.small_jobs import make_job
 
 from consumers.fold import MitigationState
 from schemas import (
@@ -52,7 +53,6 @@ from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Reject, route
 from straggler.simulation import recorded_steps
-from straggler.traces.small_jobs import make_job
 
 SIZES = Sizes(jobs=2, tasks=150, bad_events=450)
 """Small enough for a test run, large enough for stragglers (checked) and every kind of bad record."""

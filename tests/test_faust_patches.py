@@ -19,9 +19,9 @@ from mode.utils.queues import FlowControlEvent, FlowControlQueue
 from pipeline import faust_patches
 from pipeline.faust_patches import (
     complete_flush,
-    give_up,
     keep_queued_records,
-    let_go_before_waiting,
+    release_before_wait_empty,
+    release_without_commit,
 )
 
 
@@ -43,13 +43,13 @@ class _Delivered:
         self.acked = False
 
 
-def test_faust_stops_waiting_for_a_record_given_up_without_acknowledging_it() -> None:
+def test_faust_stops_waiting_for_a_record_released_without_acknowledging_it() -> None:
     """``wait_empty`` waits while ``_unacked_messages`` is not empty and drops from it every message
-    whose ``acked`` is set (`give_up` sets it, and no offset is committed for it)."""
+    whose ``acked`` is set (`release_without_commit` sets it, and no offset is committed for it)."""
     held, done = _Delivered(1), _Delivered(2)
     consumer = SimpleNamespace(_unacked_messages={held, done})
     done.acked = True
-    give_up(SimpleNamespace(message=held))  # type: ignore[arg-type]
+    release_without_commit(SimpleNamespace(message=held))  # type: ignore[arg-type]
     Consumer._clean_unacked_messages(consumer)  # type: ignore[arg-type]
     assert consumer._unacked_messages == set()
     assert "_clean_unacked_messages" in inspect.getsource(Consumer.wait_empty)
@@ -116,9 +116,9 @@ def test_faust_producer_buffer_flush_is_replaced_on_the_worker() -> None:
     assert app.producer.buffer.flush.__qualname__.startswith("complete_flush")
 
 
-def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> None:
+def test_a_rebalance_releases_the_held_records_before_faust_waits_for_them() -> None:
     """Faust's ``wait_empty`` (rebalance, stop) waits until every delivered record is acknowledged;
-    records held for their job's checkpoint are first given up: done for Faust, never committed."""
+    records held for their job's checkpoint are first released: done for Faust, never committed."""
     held = SimpleNamespace(message=SimpleNamespace(acked=False))
     seen: list[str] = []
 
@@ -126,15 +126,15 @@ def test_a_rebalance_gives_up_the_held_records_before_faust_waits_for_them() -> 
         async def wait_empty(self) -> None:
             seen.append(f"wait_empty, held record done: {held.message.acked}")
 
-    def let_go() -> None:
-        seen.append("let go")
-        give_up(held)  # type: ignore[arg-type]
+    def release_unacknowledged() -> None:
+        seen.append("released")
+        release_without_commit(held)  # type: ignore[arg-type]
 
     consumer = Consumer()
-    let_go_before_waiting(consumer, let_go)
+    release_before_wait_empty(consumer, release_unacknowledged)
     asyncio.run(consumer.wait_empty())
 
-    assert seen == ["let go", "wait_empty, held record done: True"]
+    assert seen == ["released", "wait_empty, held record done: True"]
 
 
 def test_every_row_goes_to_its_jobs_partition_whatever_event_is_in_hand() -> None:

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from harness.consumer_groups import wait_for_stable_group
+from harness.small_jobs import make_job
 
 import producers.replayer as replayer_module
 from pipeline.settings import WorkerSettings, app_id
@@ -41,11 +43,9 @@ from schemas import (
 from straggler.core.partitioner import partition_of
 from straggler.core.policies import Unlimited
 from straggler.evaluation import EvaluationConfig, method_decisions
-from straggler.kafka.groups import wait_for_stable_group
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process
-from straggler.traces.small_jobs import make_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.scenario]
 N = 8

@@ -58,16 +58,16 @@ def test_records_are_handed_out_in_the_order_handled_but_those_waiting_for_their
     assert commit(commits) == [2, 4]
 
 
-def test_records_let_go_are_never_handed_out_even_by_a_commit_under_way() -> None:
+def test_records_released_are_never_handed_out_even_by_a_commit_under_way() -> None:
     commits = commits_at([0.0])
     commits.handled(record(1))
-    commits.let_go()
+    commits.release_unacknowledged()
     assert commit(commits) == []
 
     commits.handled(record(2))
 
     async def rebalance() -> None:
-        commits.let_go()
+        commits.release_unacknowledged()
 
     assert asyncio.run(commits.commit(rebalance)) == []
     commits.handled(record(3))

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
+from harness.consumer_groups import wait_for_stable_group
 from test_prometheus_metrics import _eventually, _free_port, _scrape, _total
 
 from pipeline.settings import WorkerSettings, app_id
 from producers.telemetry import TelemetryProducer
 from schemas import CheckpointEvaluated, JobEvent, decode_each
 from straggler.kafka.config import consumer_config
-from straggler.kafka.groups import wait_for_stable_group
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from harness.liveview_run import browse, chromium, dump_dom, pipeline_and_view, wait_for
+from harness.small_jobs import make_job
 
 from schemas import (
     JobEvent,
@@ -29,7 +30,6 @@ from schemas import (
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import closed_loop_replay, read_outputs, read_topic, replay_summary
-from straggler.traces.small_jobs import make_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.scenario]  # headless Chromium on a replay
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from harness.small_jobs import make_job
 from job_steps import each_checkpoint
 
 from straggler.core.admm import Admm
@@ -29,7 +30,6 @@ from straggler.core.model_codec import FORMAT, ModelRecordError, decode_model, e
 from straggler.core.online import Decision, OnlineJob
 from straggler.core.registry import make_method, online_method_names
 from straggler.core.start import StartMethod
-from straggler.traces.small_jobs import make_job
 
 FAST_PRESETS = {"nurd-paper", "nurd-nc", "gbtr"}
 

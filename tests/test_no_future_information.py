@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 import pytest
+from harness.small_jobs import make_job
 
 from straggler.core.jobtrace import JobTrace
 from straggler.core.method import CheckpointData, Scores, StragglerMethod
@@ -26,7 +27,6 @@ from straggler.core.online import Decision
 from straggler.core.registry import ORACLE, make_method, method_names
 from straggler.core.start import StartMethod
 from straggler.evaluation import EvaluationConfig, Prototypes, method_decisions
-from straggler.traces.small_jobs import make_job
 
 HAS_PYOD = importlib.util.find_spec("pyod") is not None
 OUTLIER_PREFIX = "od-"

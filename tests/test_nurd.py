@@ -2,6 +2,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from harness.small_jobs import make_job
 from job_steps import each_checkpoint
 from scipy.stats import spearmanr
 from sklearn.linear_model import LogisticRegression
@@ -38,7 +39,6 @@ from straggler.core.prior_calibration import PriorCalibration
 from straggler.core.registry import make_method
 from straggler.core.state import learned_attributes
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times
-from straggler.traces.small_jobs import make_job
 
 
 def _checkpoint(n_fin: int = 20, n_run: int = 480, signal: float = 1.0, seed: int = 0) -> CheckpointData:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from harness.small_jobs import make_job
 from offline_expectations import offline_nurd
 
 from producers.replayer import TraceReplayer
@@ -25,7 +26,6 @@ from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process, read_topic
 from straggler.traces.google2011 import load_google2011
-from straggler.traces.small_jobs import make_job
 
 # one module-scoped pipeline, end to end
 pytestmark = [pytest.mark.broker, pytest.mark.scenario, pytest.mark.xdist_group("pipeline")]

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from harness.small_jobs import make_job
 
 from producers.replayer import TraceReplayer
 from schemas import CheckpointEvaluated, Prediction, decode_each
@@ -16,7 +17,6 @@ from straggler.evaluation import EvaluationConfig, method_decisions
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process, read_topic
-from straggler.traces.small_jobs import make_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 

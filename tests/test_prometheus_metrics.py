@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import orjson
 import pytest
+from harness.small_jobs import make_job
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumers.mitigation import MitigationConsumer
@@ -46,7 +47,6 @@ from straggler.metrics_export import (
     partition_lags,
 )
 from straggler.replay import child_process, read_topic
-from straggler.traces.small_jobs import make_job
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "straggler-stream.json"

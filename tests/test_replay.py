@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from harness.small_jobs import make_job
 
 from producers.replayer import PipelineDown
 from schemas import RelaunchCommand, command_id, decode
@@ -13,7 +14,6 @@ from straggler.core.policy_spec import make_policy
 from straggler.evaluation import EvaluationConfig, online_job
 from straggler.replay import run_replay
 from straggler.simulation import figures, mean_figures, run_closed_loop
-from straggler.traces.small_jobs import make_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.scenario]  # closed-loop replays through the pipeline
 

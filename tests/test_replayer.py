@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from harness.small_jobs import make_job
 
 from producers.replayer import (
     ReplayStalled,
@@ -39,7 +40,6 @@ from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.topics import create_topics
 from straggler.simulation import CheckpointStep, JobSimulation, relaunch_latencies
-from straggler.traces.small_jobs import make_job
 from straggler.traces.synthetic import generate_jobs
 
 PARTITIONS = 4

@@ -10,6 +10,7 @@ from typing import Any
 import matplotlib.image
 import numpy as np
 import pytest
+from harness.small_jobs import make_job
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -19,7 +20,6 @@ from straggler import report
 from straggler.core.arrays import FloatArray
 from straggler.core.jobtrace import JobTrace
 from straggler.evaluation import EvaluationConfig, evaluate_job, flag_times, summarise
-from straggler.traces.small_jobs import make_job
 
 METHODS = ("reactive", "tobit")
 CONFIG = EvaluationConfig(methods=METHODS, machine_counts=(5, 50), policies=("relaunch", "speculate"))

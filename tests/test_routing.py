@@ -8,7 +8,7 @@ import zlib
 from consumers.fold import MitigationState
 from schemas import CheckpointBoundary, JobEvent, TaskCheckpoint, encode
 from straggler.core.partitioner import partition_of
-from straggler.kafka.routing import Forward, Process, Reject, is_home, route
+from straggler.kafka.routing import Forward, Process, Reject, is_on_job_partition, route
 
 N = 8
 
@@ -42,8 +42,8 @@ def test_records_without_their_job_id_as_key_are_rejected_with_the_reason() -> N
     assert isinstance(keyless, Reject) and "no key" in keyless.reason and "golf-7" in keyless.reason
     other = route(b"task-3", job_id, home, N)
     assert isinstance(other, Reject) and "'task-3' is not its job id 'golf-7'" in other.reason
-    assert not is_home(None, job_id, home, N)
-    assert is_home(job_id.encode(), job_id, home, N)
+    assert not is_on_job_partition(None, job_id, home, N)
+    assert is_on_job_partition(job_id.encode(), job_id, home, N)
 
 
 def test_the_mitigation_fold_reads_a_job_event_once_where_the_worker_puts_it() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+from harness.small_jobs import make_job
 
 from producers.replayer import TraceReplayer
 from schemas import CheckpointEvaluated, RelaunchCommand, command_id, decode_each
@@ -37,7 +38,6 @@ from straggler.kafka.security import (
 from straggler.kafka.smoke import smoke_check
 from straggler.kafka.topics import create_topics
 from straggler.replay import child_process, read_topic
-from straggler.traces.small_jobs import make_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.xdist_group("secured-cluster")]  # one secured broker
 ALICE = ("alice", "alice-secret")  # a PLAIN user

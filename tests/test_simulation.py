@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from harness.small_jobs import make_job
 
 from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.core.policy_spec import make_policy
@@ -21,7 +22,6 @@ from straggler.simulation import (
     run_closed_loop,
     steps,
 )
-from straggler.traces.small_jobs import make_job
 
 
 def _first_running(sim: JobSimulation, trace: JobTrace) -> tuple[float, np.ndarray]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from harness.small_jobs import make_job
 
 from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.core.method import CheckpointData
@@ -27,7 +28,6 @@ from straggler.core.start import (
     training_sequence,
 )
 from straggler.evaluation import EvaluationConfig, method_decisions
-from straggler.traces.small_jobs import make_job
 
 # Tests marked `torch` train START or run its PyTorch network; tests/conftest.py skips them when
 # PyTorch is missing. Run them with: pip install -e '.[start]' && pytest -m torch

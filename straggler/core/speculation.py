@@ -247,14 +247,14 @@ class Speculate(MitigationPolicy):
                 continue
             # A flag is a lower bound only from a method that gives no probability; a probability
             # carries what the flag says, and how sure it is.
-            told = not math.isnan(d.straggle_probability)
-            bound = max(d.elapsed, d.threshold) if d.is_straggler and not told else d.elapsed
+            has_probability = not math.isnan(d.straggle_probability)
+            bound = max(d.elapsed, d.threshold) if d.is_straggler and not has_probability else d.elapsed
             previous = job.running.get(d.task_id)
             if previous is None or previous.attempt != d.attempt:
                 previous = _Running(at - d.elapsed, d.attempt, bound)
             bound = max(bound, previous.at_least)
             running = _Running(at - d.elapsed, d.attempt, bound, threshold=d.threshold)
-            if told:
+            if has_probability:
                 _weigh_verdict(running, previous, d.straggle_probability)
             elif d.is_straggler:
                 running.probability = 1.0  # the flag of a method that gives no probability

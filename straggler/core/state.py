@@ -13,6 +13,7 @@ linear models to their coefficient arrays, scikit-learn decision trees to the no
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -170,18 +171,28 @@ def _dump_tree(model: Any) -> State:
     }
 
 
+@functools.cache
+def _tree_class_and_node_dtype() -> tuple[type, Any]:
+    """scikit-learn's ``Tree`` class and its nodes' dtype, read off the public ``tree_`` of a tiny
+    fitted tree (not imported from the private ``sklearn.tree._tree``)."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    fitted = DecisionTreeClassifier(random_state=0).fit([[0.0], [1.0]], [0, 1])
+    return type(fitted.tree_), fitted.tree_.__getstate__()["nodes"].dtype
+
+
 def _load_tree(state: Mapping[str, Any]) -> Any:
     from sklearn.tree import DecisionTreeClassifier
-    from sklearn.tree._tree import NODE_DTYPE, Tree
 
+    tree_class, node_dtype = _tree_class_and_node_dtype()
     classes = state["classes"]
     if not isinstance(classes, np.ndarray) or classes.ndim != 1 or classes.dtype.kind not in "biuf":
         raise ValueError("a tree's classes are a numeric array")
     fields: Mapping[str, Any] = state["nodes"]
     count = len(fields["left_child"])
-    nodes = np.zeros(count, dtype=NODE_DTYPE)
-    for name in NODE_DTYPE.names:
-        column = _array(fields[name], NODE_DTYPE.fields[name][0], 1)
+    nodes = np.zeros(count, dtype=node_dtype)
+    for name in node_dtype.names:
+        column = _array(fields[name], node_dtype.fields[name][0], 1)
         if len(column) != count:
             raise ValueError("a tree's node arrays differ in length")
         nodes[name] = column
@@ -200,7 +211,7 @@ def _load_tree(state: Mapping[str, Any]) -> Any:
         or values.shape[2] != len(classes)
     ):
         raise ValueError("a tree's nodes do not form a tree over its features and classes")
-    tree = Tree(n_features, np.array([len(classes)], dtype=np.intp), 1)
+    tree = tree_class(n_features, np.array([len(classes)], dtype=np.intp), 1)
     tree.__setstate__(
         {"max_depth": int(state["max_depth"]), "node_count": count, "nodes": nodes, "values": values}
     )

@@ -98,10 +98,10 @@ class LatencySurvival:
             return beyond
         p = np.asarray(probability, dtype=np.float64)
         thr = np.asarray(threshold, dtype=np.float64)
-        told = np.isfinite(p) & np.isfinite(thr) & (thr > bound)
-        if not told.any():
+        has_prediction = np.isfinite(p) & np.isfinite(thr) & (thr > bound)
+        if not has_prediction.any():
             return beyond
-        rows = np.flatnonzero(told)
+        rows = np.flatnonzero(has_prediction)
         high = self._beyond(elapsed[rows], thr[rows], grid)
         low = self._between(elapsed[rows], bound[rows], thr[rows], grid)
         weight = np.clip(p[rows], 0.0, 1.0)[:, None]

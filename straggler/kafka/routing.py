@@ -55,6 +55,7 @@ def route(key: bytes | None, job_id: str, partition: int, n_partitions: int) -> 
     return Process() if partition == home else Forward(home)
 
 
-def is_home(key: bytes | None, job_id: str, partition: int, n_partitions: int) -> bool:
-    """Whether a consumer of the inputs should read this record (the agent handles it here too)."""
+def is_on_job_partition(key: bytes | None, job_id: str, partition: int, n_partitions: int) -> bool:
+    """Whether the record is on its job's partition, so a consumer of the inputs reads it here (the
+    agent handles it here too); else it is forwarded or dead-lettered."""
     return isinstance(route(key, job_id, partition, n_partitions), Process)

@@ -29,6 +29,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from harness.small_jobs import make_job
 from producers.replayer import (
     ReplayResult,
     TraceReplayer,
@@ -61,7 +62,6 @@ from straggler.kafka.produce import produce_with_backpressure
 from straggler.kafka.topics import create_topics
 from straggler.replay import STRAGGLER_COMMAND, read_topic, start_cli, stop_child
 from straggler.simulation import JobSimulation, recorded_steps, run_closed_loop
-from straggler.traces.small_jobs import make_job
 
 REPO = Path(__file__).resolve().parents[2]
 """The checkout the scenarios start their child processes in (the package is installed editable)."""
@@ -175,7 +175,7 @@ class Sizes:
 
 
 def make_traces(sizes: Sizes, tag: str) -> list[JobTrace]:
-    """Small synthetic jobs (`straggler.traces.small_jobs.make_job`), with stragglers and a slow machine
+    """Small synthetic jobs (`harness.small_jobs.make_job`), with stragglers and a slow machine
     group."""
     return [
         make_job(

@@ -1,5 +1,5 @@
 """Small hand-built `JobTrace`s (no loader involved): the jobs of the tests and of the fault scenarios
-(`tests/harness/fault_scenarios.py`), with a visible latency signal and, on request, a slow machine group."""
+(`fault_scenarios`), with a visible latency signal and, on request, a slow machine group."""
 
 from __future__ import annotations
 
