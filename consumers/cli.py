@@ -74,8 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--checkpoint-seconds",
         type=positive_float,
         default=300.0,
-        help="checkpoint interval (Mantri's horizon; how long a race's loser waits for its kill); for live "
-        "jobs, the worker's --live-interval",
+        help="checkpoint interval (Mantri's horizon; how long a race's loser waits for its kill, at most: "
+        "a job whose checkpoints come closer, as a live job's do, is priced at its own spacing)",
     )
     p.add_argument("--topic-prefix", type=topic_prefix, default="", help="prefix of every topic name")
     p.add_argument("--group", default="straggler-mitigation", help="consumer group id")

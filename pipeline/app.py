@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from functools import partial
 from typing import Any, cast
 
@@ -25,6 +26,7 @@ from pipeline.handler import AgentStats, JobEventHandler, Send, process
 from pipeline.jobstore import Position
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
 from pipeline.settings import WorkerSettings
+from straggler.core.live_cadence import FLOOR_S
 from straggler.kafka.names import ready_line
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Worker:
             partitions=settings.partitions,
             pending_grace=settings.pending_grace,
             abandon_after=settings.abandon_after,
+            live_interval=settings.live_interval,
             topics=names,
             stats=stats,
             metrics=metrics,
@@ -79,7 +82,10 @@ class Worker:
         app.agent(self.inputs)(self.straggler_agent)
         app.timer(interval=1.0)(self.expire_pending)
         app.timer(interval=COMMIT_SECONDS / 2)(self.commit_when_due)
-        app.timer(interval=settings.live_interval)(self.evaluate_live_jobs)
+        # Every second (or --live-interval, if shorter); each live job is given a boundary at its own
+        # spacing (`straggler.core.live_cadence`), the silent ones are looked for every --live-interval.
+        app.timer(interval=min(settings.live_interval, FLOOR_S))(self.evaluate_live_jobs)
+        self.abandon_scan = 0.0
 
     async def straggler_agent(self, stream: faust.StreamT[bytes]) -> None:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
@@ -168,7 +174,10 @@ class Worker:
         """Jobs that send no boundaries get one from the worker, into their own partition
         (`JobEventHandler.live_ticks`); those silent for too long are closed as abandoned instead
         (`JobEventHandler.abandon_silent_jobs`)."""
-        if self.app.flow_control.is_active():  # not while partitions move
+        now = time.monotonic()
+        scan = now - self.abandon_scan >= self.settings.live_interval
+        if scan and self.app.flow_control.is_active():  # not while partitions move
+            self.abandon_scan = now
             async with self.handling:
                 for end in self.handler.abandon_silent_jobs():
                     await self.send(end)

@@ -70,8 +70,8 @@ def _worker(args: argparse.Namespace) -> int:
         create_topics(settings)
     app = Worker(settings).app
     log.info(
-        "worker: broker %s, topics %s*, %d partitions, method %s%s, live jobs every %g s, "
-        "abandoned after %s%s",
+        "worker: broker %s, topics %s*, %d partitions, method %s%s, "
+        "live jobs at their own tasks' pace (every 1-%g s), abandoned after %s%s",
         settings.bootstrap,
         settings.topics.prefix,
         settings.partitions,
@@ -187,8 +187,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--live-interval",
         type=positive_float,
         default=30.0,
-        help="seconds between evaluations of live jobs: about a tenth of a typical task, at least 1 s "
-        "(give the mitigator the same --checkpoint-seconds; README, 'Live telemetry')",
+        help="the longest spacing of a live job's evaluations; each job is evaluated every tenth of "
+        "its median task, at least every 1 s, and at this spacing until a task finished "
+        "(README, 'Live telemetry')",
     )
     p.add_argument(
         "--pending-grace",

@@ -39,6 +39,7 @@ from schemas.events import ABANDONED
 from straggler.argtypes import readable_time
 from straggler.core.abandonment import job_silence
 from straggler.core.decision_event import describe_flag, prediction_parts
+from straggler.core.live_cadence import due, evaluation_interval, median_finished_latency
 from straggler.core.online import Decision, OnlineJob
 from straggler.kafka.names import TopicNames
 from straggler.kafka.routing import Forward, Reject, route
@@ -137,6 +138,12 @@ class JobEventHandler:
     pending: defaultdict[str, list[WaitingForStart]] = field(default_factory=lambda: defaultdict(list))
     """Events of jobs whose 'started' event has not arrived yet: job-events and task-checkpoints are
     separate topics, so Kafka does not order them against each other."""
+    live_interval: float = 30.0
+    """The longest spacing of a live job's evaluations (``--live-interval``); each job's own comes
+    from its task lengths (`straggler.core.live_cadence`)."""
+    last_tick: dict[str, float] = field(default_factory=dict)
+    """When each live job was last given a timer boundary here (``wall_clock``; before its first, the
+    job's start counts)."""
     abandoning: set[str] = field(default_factory=set)
     """Jobs whose abandonment is sent and not applied yet: not sent again meanwhile."""
 
@@ -227,15 +234,24 @@ class JobEventHandler:
         return ends
 
     def live_ticks(self) -> list[Send]:
-        """A timer boundary for each live job of the store's cache: only jobs this worker has handled
-        since partitions last moved, so two workers never tick the same job (a live job re-enters
-        the cache with its next report)."""
+        """A timer boundary for each live job of the store's cache that is due (its own spacing,
+        `straggler.core.live_cadence`): only jobs this worker has handled since partitions last
+        moved, so two workers never tick the same job (a live job re-enters the cache with its next
+        report)."""
         now = self.wall_clock()
         ticks = []
-        for job_id in self.store.cached_jobs():
+        cached = self.store.cached_jobs()
+        for gone in self.last_tick.keys() - set(cached):
+            del self.last_tick[gone]
+        for job_id in cached:
             meta = self.store.meta(job_id)
-            if meta is None or not meta.live or job_id in self.abandoning:
+            job = self.store.job(job_id)
+            if meta is None or job is None or not meta.live or job_id in self.abandoning:
                 continue
+            interval = evaluation_interval(median_finished_latency(job.state), self.live_interval)
+            if not due(self.last_tick.get(job_id, meta.started_at), now, interval):
+                continue
+            self.last_tick[job_id] = now
             meta.ticks += 1
             tick = CheckpointBoundary(
                 job_id=job_id,

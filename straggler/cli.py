@@ -75,6 +75,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     summary = summarise(results, config)
+    summary["half"] = args.half
     command = "straggler " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = write_report(summary, args.out, title=f"Straggler prediction on {args.format}", command=command)
     print(markdown_table(summary))

@@ -201,7 +201,8 @@ def write_report(summary: dict[str, Any], out: Path, *, title: str, command: str
     report.write_text(
         f"# {title}\n\n"
         f"Command: `{command}`\n\n"
-        f"Jobs: {summary['jobs']}; scored tasks: {summary['tasks']}; excluded tasks (no latency: cut by the "
+        f"Jobs: {summary['jobs']}{_half(summary.get('half'))}; scored tasks: {summary['tasks']}; "
+        "excluded tasks (no latency: cut by the "
         f"window, killed, failed, or scheduled before the trace): {summary['excluded_tasks']}. "
         f"Threshold: {summary['threshold']} p{round(100 * summary['quantile'])}. "
         "Metrics are means over jobs.\n\n"
@@ -222,3 +223,8 @@ def write_report(summary: dict[str, Any], out: Path, *, title: str, command: str
         "![F1 over time](f1_over_time.png)\n\n![JCT](jct.png)\n"
     )
     return report
+
+
+def _half(half: str | None) -> str:
+    """Which half of the trace's jobs the report covers (`straggler.traces.loading.job_half`)."""
+    return "" if half is None else f" (the {half!r} half of the trace's jobs, by a hash of the job id)"

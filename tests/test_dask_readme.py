@@ -66,18 +66,12 @@ def test_the_readme_dask_example_runs_as_written(tmp_path: Path) -> None:
                     "worker",
                     "--bootstrap",
                     bootstrap,
-                    "--live-interval",
-                    "2",
                     "--datadir",
                     str(tmp_path / "w"),
                 ),
             )
         )
-        stages.enter_context(
-            stage(
-                tmp_path / "mitigator.log", "mitigate", "--bootstrap", bootstrap, "--checkpoint-seconds", "2"
-            )
-        )
+        stages.enter_context(stage(tmp_path / "mitigator.log", "mitigate", "--bootstrap", bootstrap))
         executor_log = tmp_path / "executor.log"
         stages.enter_context(
             stage(executor_log, "dask-executor", "--bootstrap", bootstrap, "--scheduler", "127.0.0.1:8786")

@@ -9,6 +9,7 @@ from straggler import report
 from straggler.cli import main
 from straggler.core.registry import DEFAULT_METHODS, method_names
 from straggler.evaluation import EvaluationConfig, evaluate, summarise
+from straggler.traces.loading import HALVES, job_half, load_traces
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "google-2011-sample"
 
@@ -105,3 +106,22 @@ def test_evaluate_command_on_the_bundled_real_sample(tmp_path: Path) -> None:
     assert "| *oracle-fed* (future information) | speculate |" in report
     for plot in ("f1_over_time.png", "jct.png", "mitigation.png"):
         assert (out / plot).stat().st_size > 0
+
+
+def test_the_two_halves_of_a_trace_split_its_jobs_and_the_report_says_which(tmp_path: Path) -> None:
+    """A choice tuned on one half is reported on the other: the halves share no job, cover the trace,
+    and do not depend on which other jobs were loaded."""
+    traces = load_traces("synthetic", None, jobs=12, min_tasks=50, progress=False)
+    halves = {h: {t.job_id for t in traces if job_half(t.job_id) == h} for h in HALVES}
+    assert halves["tune"] and halves["report"] and not halves["tune"] & halves["report"]
+    assert halves["tune"] | halves["report"] == {t.job_id for t in traces}
+    out = tmp_path / "report-half"
+    args = ["evaluate", "--format", "synthetic", "--jobs", "12", "--min-tasks", "50", "--half", "report"]
+    code = main(
+        [*args, "--methods", "reactive", "--policies", "spark@2", "--workers", "1", "--out", str(out)]
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["jobs"] == len(halves["report"])
+    assert summary["half"] == "report"
+    assert f"Jobs: {summary['jobs']} (the 'report' half" in (out / "report.md").read_text()

@@ -139,9 +139,12 @@ def test_a_machine_price_is_spelled_after_at() -> None:
         ("speculate@0", "positive number"),
         ("speculate@nan", "positive number"),
         ("speculate@inf", "positive number"),
-        ("speculate@", "with a number PRICE"),
-        ("speculate@cheap", "with a number PRICE"),
-        ("spark@4", "only speculate takes a machine price"),
+        ("speculate@", "a number after '@'"),
+        ("speculate@cheap", "a number after '@'"),
+        ("spark@0", "multiplier > 0"),
+        ("spark@x", "a number after '@'"),
+        ("spark:2@4", "spark@MULTIPLIER"),
+        ("relaunch@4", "only speculate takes a machine price"),
         ("speculate:x@4", "integer M"),
     ],
 )
@@ -300,9 +303,15 @@ def test_the_hung_task_is_copied_by_sparks_rule_and_no_later_by_the_default_poli
 
 
 @pytest.mark.parametrize(
-    ("spec", "multiplier", "quantile"), [("spark", 3.0, 0.9), ("spark-legacy", 1.5, 0.75)]
+    ("spec", "multiplier", "quantile"),
+    [
+        ("spark", 3.0, 0.9),
+        ("spark-legacy", 1.5, 0.75),
+        ("spark@1.5", 1.5, 0.9),
+        ("spark-legacy@3", 3.0, 0.75),
+    ],
 )
-def test_spark_is_spark_4s_rule_and_the_older_defaults_say_so(
+def test_spark_is_spark_4s_rule_the_older_defaults_say_so_and_a_multiplier_keeps_the_quantile(
     spec: str, multiplier: float, quantile: float
 ) -> None:
     policy = make_policy(spec)
@@ -386,3 +395,38 @@ def test_a_copys_reason_carries_the_probability_behind_it() -> None:
     )
     assert copy.reason.startswith("copy: ") and copy.reason.endswith("(p = 0.97)")
     assert policy.holds("job") == []
+
+
+def short_peers_then_hung(policy: Speculate, spacing: float, probability: float) -> list[int]:
+    """The live trial's job (#40): 30 tasks of 2-6 s and one that hangs, all started at 0, evaluated
+    every ``spacing`` seconds; from the first evaluation after its peers finished the hung one is
+    flagged with ``probability``. Returns the evaluations (0 = that one) at which it was copied."""
+    rng = np.random.default_rng(3)
+    latencies = rng.uniform(2.0, 6.0, 30)
+    copied: list[int] = []
+    ended: set[int] = set()
+    after = -1
+    for at in np.arange(1, 40) * spacing:
+        for i, latency in enumerate(latencies):
+            if latency <= at and i not in ended:
+                ended.add(i)
+                policy.on_task_finished("job", f"peer-{i}", float(latency), float(latency))
+        running = [verdict(f"peer-{i}", at, at, probability=0.1) for i in range(30) if i not in ended]
+        peers_done = not running
+        after += peers_done
+        hung = verdict(
+            "hung", at, at, flagged=peers_done, threshold=5.5, probability=probability if peers_done else 0.1
+        )
+        actions = policy.on_checkpoint("job", at, [*running, hung])
+        copied += [after for a in actions if a.task_id == "hung" and a.action == "duplicate"]
+    return copied
+
+
+@pytest.mark.parametrize("spacing", [1.0, 2.0])
+@pytest.mark.parametrize("probability", [0.9, 1.0])
+def test_a_confident_flag_on_a_task_whose_peers_finished_is_copied_at_the_next_evaluation(
+    spacing: float, probability: float
+) -> None:
+    """The mitigator's default --checkpoint-seconds (300) must not price a live job's loser as
+    running on for 150 s: the job's own evaluation spacing says when it is killed."""
+    assert short_peers_then_hung(Speculate(floor=None), spacing, probability)[:1] == [0]

@@ -9,6 +9,8 @@
                   over 3x the median finished latency once 90 % of the tasks finished;
 ``spark-legacy``  the same at the defaults before Spark 4.0 (1.5x once 75 % finished), the floor
                   ``speculate`` keeps;
+``spark@X``       (or ``spark-legacy@X``) the same rule at multiplier X (its quantile kept): the points
+                  of Spark's rule on a curve of completion time against machine time;
 ``relaunch``      the paper's Algorithm 2, kill and restart every flagged task (``unlimited`` is
                   its older name);
 ``limited:M``     Algorithm 3, kill and restart with M spare machines per job;
@@ -26,13 +28,14 @@ from straggler.core.speculation import (
     SPARK_LEGACY,
     MantriDuplicate,
     Spark,
+    SparkRule,
     Speculate,
 )
 
 DEFAULT_POLICY = "speculate"
 POLICY_SPECS = (
-    "speculate[:M][@PRICE], spark, spark-legacy, relaunch (or unlimited), limited:M, mantri or "
-    "mantri-duplicate[:M]"
+    "speculate[:M][@PRICE], spark[@MULTIPLIER], spark-legacy[@MULTIPLIER], relaunch (or unlimited), "
+    "limited:M, mantri or mantri-duplicate[:M]"
 )
 
 
@@ -40,8 +43,17 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
     """The policy named by ``spec`` (see the module docstring)."""
     base, priced, price_text = spec.partition("@")
     name, counted, count = base.partition(":")
+    if priced and name in ("spark", "spark-legacy") and not counted:
+        rule = SPARK_4 if name == "spark" else SPARK_LEGACY
+        try:
+            return Spark(SparkRule(_price(spec, price_text), rule.quantile))
+        except ValueError as error:
+            raise ValueError(f"policy {spec!r}: {error}") from None
     if priced and name != "speculate":
-        raise ValueError(f"policy {spec!r}: only speculate takes a machine price, as speculate[:M]@PRICE")
+        raise ValueError(
+            f"policy {spec!r}: only speculate takes a machine price (speculate[:M]@PRICE), and Spark's "
+            "rule a multiplier (spark@MULTIPLIER)"
+        )
     if counted and name not in ("limited", "speculate", "mantri-duplicate"):
         raise ValueError(f"unknown policy {spec!r}; use {POLICY_SPECS}")
     machines = _machines(spec, name, count) if counted else None
@@ -77,4 +89,4 @@ def _price(spec: str, text: str) -> float:
     try:
         return float(text)
     except ValueError as error:
-        raise ValueError(f"policy {spec!r}: expected speculate[:M]@PRICE with a number PRICE") from error
+        raise ValueError(f"policy {spec!r}: expected a number after '@'") from error

@@ -69,6 +69,9 @@ class _Job:
     """Flagged tasks left without a copy: (attempt, why) as last said."""
     notes: list[Hold] = field(default_factory=list)
     """Holds of the last checkpoint not said yet (`Speculate.holds`)."""
+    last_checkpoint: float = -math.inf
+    spacing: float = math.inf
+    """Seconds between the job's last two checkpoints (inf: fewer than two yet)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,9 @@ class Speculate(MitigationPolicy):
     machines
         Spare machines per job (copies running at once); None for unlimited.
     checkpoint_interval
-        Seconds between checkpoints: a losing attempt runs on for about half of it until its kill.
+        Seconds between checkpoints, at most: a losing attempt runs on for about half the spacing until
+        its kill. A job whose checkpoints come closer (a live job, evaluated at the pace of its own
+        task lengths) is priced at its own last spacing.
     grid_points
         Resolution of the remaining-time integrals.
     stuck_prior
@@ -237,6 +242,9 @@ class Speculate(MitigationPolicy):
 
     def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
         job = self._job(job_id)
+        if at > job.last_checkpoint:
+            job.spacing = at - job.last_checkpoint
+            job.last_checkpoint = at
         actions = [
             Action(job_id, task_id, "kill", at, f"attempt {loser} lost the race", finished_at, loser)
             for task_id, loser, finished_at in job.kills
@@ -333,7 +341,7 @@ class Speculate(MitigationPolicy):
         tail = 1.0 - est.remaining[est.candidates]
         gain = np.sum(tail * est.fresh, axis=1) * est.step  # E[(R - C)+]: what a copy saves the task
         copy_time = np.sum(tail * (1.0 - est.fresh), axis=1) * est.step  # E[min(R, C)]
-        extra = copy_time - gain + 0.5 * self.checkpoint_interval
+        extra = copy_time - gain + 0.5 * min(self.checkpoint_interval, job.spacing)
         order = np.argsort(-gain, kind="stable")
         held: dict[str, HoldKind] = {}
         if self.machines is not None:
@@ -383,7 +391,12 @@ class Spark(Speculate):
 
     def __init__(self, rule: SparkRule = SPARK_4, machines: int | None = None) -> None:
         super().__init__(budget=math.inf, machines=machines, floor=rule)
-        name = "spark" if rule == SPARK_4 else "spark-legacy" if rule == SPARK_LEGACY else "spark-rule"
+        if rule.quantile == SPARK_4.quantile:
+            name = "spark" if rule == SPARK_4 else f"spark@{rule.multiplier:g}"
+        elif rule.quantile == SPARK_LEGACY.quantile:
+            name = "spark-legacy" if rule == SPARK_LEGACY else f"spark-legacy@{rule.multiplier:g}"
+        else:
+            name = f"spark-rule({rule.multiplier:g}, {rule.quantile:g})"
         self.name = name if machines is None else f"{name}:{machines}"
 
     unplanned: HoldKind = "rule"

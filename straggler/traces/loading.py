@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,6 +82,13 @@ def add_trace_arguments(parser: argparse.ArgumentParser, *, evaluation: bool = F
     if not evaluation:
         return
     parser.add_argument(
+        "--half",
+        choices=HALVES,
+        default=None,
+        help="only one half of the jobs, by a stable hash of the job id (after --max-jobs): choose on "
+        "'tune', report on 'report' (default: every job)",
+    )
+    parser.add_argument(
         "--checkpoints-per-job",
         type=positive_int,
         default=None,
@@ -89,9 +97,18 @@ def add_trace_arguments(parser: argparse.ArgumentParser, *, evaluation: bool = F
     )
 
 
+HALVES = ("tune", "report")
+
+
+def job_half(job_id: str) -> str:
+    """The half a job falls in, ``tune`` or ``report``: a stable hash of its id, so it never depends on
+    which other jobs are loaded. A choice made on a trace's ``tune`` half is reported on the other."""
+    return HALVES[zlib.crc32(job_id.encode()) % 2]
+
+
 def load_traces_from_args(args: argparse.Namespace, *, progress: bool = True) -> list[JobTrace]:
-    """`load_traces` with the options of `add_trace_arguments`."""
-    return load_traces(
+    """`load_traces` with the options of `add_trace_arguments` (and ``--half``, for an evaluation)."""
+    traces = load_traces(
         args.format,
         args.trace,
         checkpoint_seconds=args.checkpoint_seconds,
@@ -102,6 +119,8 @@ def load_traces_from_args(args: argparse.Namespace, *, progress: bool = True) ->
         seed=args.seed,
         progress=progress,
     )
+    half = getattr(args, "half", None)
+    return traces if half is None else [t for t in traces if job_half(t.job_id) == half]
 
 
 def traces_for_command(args: argparse.Namespace, *, progress: bool = True) -> list[JobTrace] | None:
