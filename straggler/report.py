@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -69,6 +70,99 @@ def mitigation_table(summary: dict[str, Any]) -> str:
     if below:
         lines += ["", "Jobs that finish later than under `reactive` (same policy): " + ", ".join(below) + "."]
     return "\n".join(lines)
+
+
+def policy_family(policy: str) -> str | None:
+    """``speculate`` (``speculate/F`` over floor F) for the cost-aware policy at any price (no pool),
+    ``spark`` for Spark's rule at any multiplier, None for the others: the curves a frontier compares."""
+    priced, _, floor = policy.partition("/")
+    base = priced.partition("@")[0]
+    if base == "speculate":
+        return "speculate" if floor in ("", "spark-legacy") else f"speculate/{floor}"
+    return "spark" if base in ("spark", "spark-legacy") and not floor else None
+
+
+def _gross(m: dict[str, Any]) -> float:
+    return float(m.get("gross_extra_machine_time", m["extra_machine_time"]))
+
+
+def equal_cost_rows(
+    summary: dict[str, Any],
+) -> list[tuple[str, str, dict[str, Any], str | None, dict[str, Any]]]:
+    """Per method and point of Spark's rule, the ``speculate`` point with the largest completion-time
+    reduction at equal or lower gross machine time (None: none is that cheap):
+    (method, spark policy, its figures, speculate policy, its figures)."""
+    rows: list[tuple[str, str, dict[str, Any], str | None, dict[str, Any]]] = []
+    for name, per_policy in summary["mitigation"].items():
+        curve = [(p, m) for p, m in per_policy.items() if (policy_family(p) or "").startswith("speculate")]
+        for spark, s in sorted(per_policy.items(), key=lambda item: _gross(item[1])):
+            if policy_family(spark) != "spark" or not curve:
+                continue
+            cheaper = [(p, m) for p, m in curve if _gross(m) <= _gross(s)]
+            best = max(cheaper, key=lambda item: item[1]["jct_reduction"], default=None)
+            rows.append((name, spark, s, None if best is None else best[0], {} if best is None else best[1]))
+    return rows
+
+
+def frontier_table(summary: dict[str, Any]) -> str | None:
+    """`equal_cost_rows` as Markdown (None: the summary has no ``speculate`` and Spark points to compare)."""
+    rows = equal_cost_rows(summary)
+    if not rows:
+        return None
+    lines = [
+        "| method | Spark's rule | its JCT reduction | its gross machine time | best `speculate` as cheap "
+        "| its JCT reduction | its gross machine time | completion time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, spark, s, policy, m in rows:
+        left = f"| {name} | {spark} | {s['jct_reduction']:+.2%} | {_gross(s):+.2%} "
+        if policy is None:
+            lines.append(left + "| none as cheap | – | – | – |")
+            continue
+        diff = m["jct_reduction"] - s["jct_reduction"]
+        verdict = f"{'shorter' if diff > 0 else 'not shorter'} ({100 * diff:+.2f} points)"
+        lines.append(left + f"| {policy} | {m['jct_reduction']:+.2%} | {_gross(m):+.2%} | {verdict} |")
+    return "\n".join(lines)
+
+
+def plot_frontier(summary: dict[str, Any], path: Path) -> bool:
+    """Completion-time reduction against gross machine time: a curve per method of ``speculate`` at its
+    prices and one of Spark's rule at its multipliers, and the limit. False (nothing drawn): fewer than
+    two points of either curve."""
+    curves = {
+        (name, family): sorted(
+            (_gross(m), m["jct_reduction"], p) for p, m in per_policy.items() if policy_family(p) == family
+        )
+        for name, per_policy in summary["mitigation"].items()
+        for family in sorted({f for f in map(policy_family, per_policy) if f is not None})
+    }
+    if max((len(c) for c in curves.values()), default=0) < 2:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colours = _colours(list(summary["mitigation"]))
+    for (name, family), points in curves.items():
+        if not points:
+            continue
+        x, y, _ = zip(*points, strict=True)
+        style = "--s" if family == "spark" else "-o" if family == "speculate" else "-.^"
+        ax.plot(100 * np.array(x), 100 * np.array(y), style, color=colours[name], label=f"{name} / {family}")
+        for xi, yi, label in points:
+            ax.annotate(label, (100 * xi, 100 * yi), fontsize=6)
+    limit_row = _limit_row(summary)
+    if limit_row is not None:
+        ax.scatter(100 * _gross(limit_row), 100 * limit_row["jct_reduction"], color="black", marker="*")
+        ax.axhline(100 * limit_row["jct_reduction"], color="black", linestyle=":", label="limit")
+    ax.set_xlabel("extra machine time, gross (% of the jobs' work)")
+    ax.set_ylabel("completion-time reduction (%)")
+    ax.set_title(
+        f"Frontier: speculate at its prices, Spark's rule at its multipliers ({summary['jobs']} jobs)"
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def _cost_cells(m: dict[str, Any]) -> str:
@@ -197,6 +291,15 @@ def write_report(summary: dict[str, Any], out: Path, *, title: str, command: str
     plot_f1_over_time(summary, out / "f1_over_time.png")
     plot_jct(summary, out / "jct.png")
     plot_mitigation(summary, out / "mitigation.png")
+    frontier = ""
+    table = frontier_table(summary)
+    if plot_frontier(summary, out / "frontier.png") and table is not None:
+        frontier = (
+            "## At equal machine time\n\n"
+            f"{table}\n\n"
+            "Each point of Spark's rule beside the `speculate` point (any price) that shortens the jobs "
+            "most at equal or lower gross machine time.\n\n![frontier](frontier.png)\n\n"
+        )
     report = out / "report.md"
     report.write_text(
         f"# {title}\n\n"
@@ -214,6 +317,7 @@ def write_report(summary: dict[str, Any], out: Path, *, title: str, command: str
         "machine time, and kills the loser; `speculate:M` has M spare machines per job. Extra machine "
         "time counts every attempt until it ended or was killed, beyond the trace's own runs.\n\n"
         "![mitigation](mitigation.png)\n\n"
+        f"{frontier}"
         "## Prediction, and the paper's relaunch protocol (open loop)\n\n"
         f"{markdown_table(summary)}\n\n"
         "The completion-time columns relaunch on the open-loop flags "

@@ -279,3 +279,58 @@ def test_written_pngs_show_each_methods_colour(tmp_path: Path) -> None:
     assert re.search(alpha, text)
     assert re.search(r"\| beta \| relaunch \| -2\.00% \| – \| \+10\.00% \| – \| -0\.080 \| 2 \|", text)
     assert "| beta | 0.500 | 0.200 | 0.500 | **0.300** | n/a | -0.030 | 0.200 | 0.025 |" in text
+
+
+def frontier_summary() -> dict[str, Any]:
+    """One method at two prices and over Spark 4.0's floor, and Spark's rule at three multipliers."""
+    summary = handmade_summary()
+
+    def point(jct: float, gross: float) -> dict[str, float]:
+        return {"jct_reduction": jct, "extra_machine_time": gross / 2, "gross_extra_machine_time": gross}
+
+    summary["mitigation"] = {
+        "alpha": {
+            "speculate@4": point(0.10, 0.08),
+            "speculate": point(0.08, 0.05),
+            "speculate@32/spark": point(0.05, 0.01),
+            "spark": point(0.03, 0.012),
+            "spark@1.5": point(0.09, 0.06),
+            "spark-legacy": point(0.11, 0.07),
+        }
+    }
+    summary["mitigation_limit"] = {p: point(0.2, 0.09) for p in summary["mitigation"]["alpha"]}
+    return summary
+
+
+def test_each_point_of_sparks_rule_meets_the_best_speculate_at_equal_or_lower_machine_time() -> None:
+    rows = {spark: (policy, m) for _, spark, _, policy, m in report.equal_cost_rows(frontier_summary())}
+    assert rows["spark"] == (
+        "speculate@32/spark",
+        pytest.approx(frontier_summary()["mitigation"]["alpha"]["speculate@32/spark"]),
+    )
+    assert rows["spark@1.5"][0] == "speculate"  # 8 % beats 5 %; speculate@4 costs more than 6 %
+    assert rows["spark-legacy"][0] == "speculate"
+    table = report.frontier_table(frontier_summary())
+    assert table is not None
+    assert (
+        "| alpha | spark | +3.00% | +1.20% | speculate@32/spark | +5.00% | +1.00% | shorter (+2.00 points) |"
+        in table
+    )
+    assert (
+        "| alpha | spark-legacy | +11.00% | +7.00% | speculate | +8.00% | +5.00% "
+        "| not shorter (-3.00 points) |" in table
+    )
+    assert report.frontier_table(handmade_summary()) is None  # no point of Spark's rule to compare
+
+
+def test_the_frontier_plot_draws_a_curve_per_family_sorted_by_machine_time(
+    tmp_path: Path, figures: list[Figure]
+) -> None:
+    assert report.plot_frontier(frontier_summary(), tmp_path / "frontier.png")
+    (ax,) = figures[0].axes
+    curves = {str(line.get_label()): line for line in ax.get_lines()}
+    np.testing.assert_allclose(xs(curves["alpha / speculate"]), [5.0, 8.0])
+    np.testing.assert_allclose(ys(curves["alpha / speculate"]), [8.0, 10.0])
+    np.testing.assert_allclose(xs(curves["alpha / spark"]), [1.2, 6.0, 7.0])
+    np.testing.assert_allclose(ys(curves["alpha / speculate/spark"]), [5.0])
+    assert not report.plot_frontier(handmade_summary(), tmp_path / "none.png")

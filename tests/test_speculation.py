@@ -145,6 +145,8 @@ def test_a_machine_price_is_spelled_after_at() -> None:
         ("spark@x", "a number after '@'"),
         ("spark:2@4", "spark@MULTIPLIER"),
         ("relaunch@4", "only speculate takes a machine price"),
+        ("spark/none", "only speculate takes a floor"),
+        ("speculate@4/spark-4", "FLOOR one of spark, spark-legacy, none"),
         ("speculate:x@4", "integer M"),
     ],
 )
@@ -317,6 +319,21 @@ def test_spark_is_spark_4s_rule_the_older_defaults_say_so_and_a_multiplier_keeps
     policy = make_policy(spec)
     assert isinstance(policy, Spark) and policy.name == spec
     assert policy.floor == SparkRule(multiplier, quantile)
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "floor"),
+    [
+        ("speculate@32/spark", "speculate@32/spark", SparkRule(3.0, 0.9)),
+        ("speculate:2/none", "speculate:2/none", None),
+        ("speculate/spark-legacy", "speculate", SparkRule(1.5, 0.75)),
+    ],
+)
+def test_speculate_takes_another_floor_after_a_slash_and_names_it(
+    spec: str, name: str, floor: SparkRule | None
+) -> None:
+    policy = make_policy(spec)
+    assert isinstance(policy, Speculate) and policy.name == name and policy.floor == floor
 
 
 def test_sparks_4_rule_waits_for_nine_tenths_of_the_tasks() -> None:

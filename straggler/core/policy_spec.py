@@ -5,6 +5,8 @@
 ``speculate@P``   (or ``speculate:M@P``) the same at machine price P: the share of completion time a
                   share of extra machine time must buy (8 by default, chosen in
                   `git show 96386f7:docs/results.md` §9); a lower price spends more machine time on copies;
+``speculate.../F`` the same over floor F instead of ``spark-legacy``: ``spark`` (Spark 4.0's rule) or
+                  ``none``; ``speculate@32/spark`` spends about what Spark 4.0's rule spends;
 ``spark``         Spark's speculative execution at Spark 4.0's defaults: a copy of a task running
                   over 3x the median finished latency once 90 % of the tasks finished;
 ``spark-legacy``  the same at the defaults before Spark 4.0 (1.5x once 75 % finished), the floor
@@ -32,15 +34,28 @@ from straggler.core.speculation import (
     Speculate,
 )
 
+FLOORS: dict[str, SparkRule | None] = {"spark": SPARK_4, "spark-legacy": SPARK_LEGACY, "none": None}
+"""The floors ``speculate[...]/FLOOR`` names: Spark's rule at Spark 4.0's or the older defaults, or none."""
 DEFAULT_POLICY = "speculate"
 POLICY_SPECS = (
-    "speculate[:M][@PRICE], spark[@MULTIPLIER], spark-legacy[@MULTIPLIER], relaunch (or unlimited), "
+    "speculate[:M][@PRICE][/FLOOR], spark[@MULTIPLIER], spark-legacy[@MULTIPLIER], relaunch (or unlimited), "
     "limited:M, mantri or mantri-duplicate[:M]"
 )
 
 
 def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
     """The policy named by ``spec`` (see the module docstring)."""
+    spec_floor, slashed, floor_name = spec.partition("/")
+    if slashed:
+        if not spec_floor.startswith("speculate") or floor_name not in FLOORS:
+            raise ValueError(
+                f"policy {spec!r}: only speculate takes a floor, as speculate[:M][@PRICE]/FLOOR with FLOOR "
+                f"one of {', '.join(FLOORS)}"
+            )
+        policy = make_policy(spec_floor, checkpoint_interval)
+        assert isinstance(policy, Speculate)
+        policy.set_floor(FLOORS[floor_name])
+        return policy
     base, priced, price_text = spec.partition("@")
     name, counted, count = base.partition(":")
     if priced and name in ("spark", "spark-legacy") and not counted:

@@ -213,6 +213,12 @@ class Speculate(MitigationPolicy):
             self.name += f"@{machine_price:g}"
         self._jobs: dict[str, _Job] = {}
 
+    def set_floor(self, floor: SparkRule | None) -> None:
+        """Use ``floor`` (None: none) instead of the default, named in the policy's name."""
+        self.floor = floor
+        if floor != SPARK_LEGACY:
+            self.name += "/none" if floor is None else "/spark" if floor == SPARK_4 else "/spark-rule"
+
     unplanned: HoldKind = "no_estimate"
     """Why a flagged task the plan did not weigh gets no copy (`holds`)."""
 
