@@ -245,8 +245,10 @@ class JobEventHandler:
             del self.last_tick[gone]
         for job_id in cached:
             meta = self.store.meta(job_id)
+            if meta is None or not meta.live or job_id in self.abandoning:
+                continue
             job = self.store.job(job_id)
-            if meta is None or job is None or not meta.live or job_id in self.abandoning:
+            if job is None:
                 continue
             interval = evaluation_interval(median_finished_latency(job.state), self.live_interval)
             if not due(self.last_tick.get(job_id, meta.started_at), now, interval):
