@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from straggler.report import equal_cost_rows
+
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 TRACES = {"syn": "synthetic", "causal": "blind, seed 2027", "google": "real, Google 2011"}
 SHIPPED = tuple(f"{trace}-{cps}" for trace in TRACES for cps in (60, 300))
@@ -213,6 +215,38 @@ def frontier() -> Iterator[str]:
         yield f"| {rule} | " + " | ".join(cells) + " |"
 
 
+EQUAL_COST = ("google-60-report", "google-300-report")
+"""The frontier runs on the real trace's reporting half: docs/results/equal-cost/<run>/."""
+
+
+def equal_cost() -> Iterator[str]:
+    """Each point of Spark's rule beside the ``speculate`` point (any price or floor) with `nurd` that
+    shortens the jobs most at equal or lower gross machine time, on the real trace's reporting half
+    (docs/results/equal-cost/*/summary.json; `straggler.report.equal_cost_rows`)."""
+    yield (
+        "| trace | Spark's rule | its JCT reduction | its gross machine time | best `speculate` + `nurd` as "
+        "cheap | its JCT reduction | its gross machine time | its copies won | completion time |"
+    )
+    yield "|---|---|---|---|---|---|---|---|---|"
+    for run in EQUAL_COST:
+        summary = json.loads((RESULTS / "equal-cost" / run / "summary.json").read_text())
+        rows = [row for row in equal_cost_rows(summary) if row[0] == "nurd"]
+        for i, (_, spark, s, policy, m) in enumerate(rows):
+            trace = f"real, {run.split('-')[1]} s ({summary['jobs']} jobs)" if i == 0 else ""
+            left = (
+                f"| {trace} | `{spark}` | {pct(s['jct_reduction'])} | {pct(s['gross_extra_machine_time'])} "
+            )
+            if policy is None:
+                yield left + "| none as cheap | – | – | – | – |"
+                continue
+            won = m["copies_won"] / max(m["copies_won"] + m["copies_lost"], 1)
+            diff = 100 * (m["jct_reduction"] - s["jct_reduction"])
+            yield (
+                left + f"| `{policy}` | {pct(m['jct_reduction'])} | {pct(m['gross_extra_machine_time'])} "
+                f"| {won:.0%} | {'shorter' if diff > 0 else 'not shorter'} ({diff:+.2f} points) |"
+            )
+
+
 def run_cost() -> Iterator[str]:
     """What the evaluation of the shipped configuration cost (`/usr/bin/time -v` of each run, kept as
     docs/results/shipped/<run>/time.txt; the machine was shared, so the wall clocks are upper bounds)."""
@@ -242,6 +276,7 @@ TABLES: dict[str, Callable[[], Iterator[str]]] = {
     "quality": quality,
     "seeds": seeds,
     "frontier": frontier,
+    "equal-cost": equal_cost,
     "others": others,
     "run-cost": run_cost,
     "sample": sample,
