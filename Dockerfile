@@ -1,5 +1,7 @@
 # One image for every service of compose.yaml: the topic creator, the Faust worker, the mitigation
-# consumer and the trace replayer.
+# consumer and the trace replayer. Built with `--build-arg EXTRAS=dask` it also has the `dask` extra
+# (Dask `distributed`): the image of the `dask` profile's scheduler, workers, executor and job, the
+# same layers plus one.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -19,5 +21,8 @@ ARG PIP_NO_INDEX
 ARG PIP_FIND_LINKS
 
 RUN pip install --no-cache-dir .
+ARG EXTRAS
+RUN if [ -n "$EXTRAS" ]; then pip install --no-cache-dir ".[$EXTRAS]"; fi
+COPY examples ./examples
 
 CMD ["straggler", "--help"]

@@ -1,6 +1,7 @@
 import os
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from distributed import Client, LocalCluster
@@ -9,7 +10,8 @@ from producers.dask_job import SpeculativeClient
 from straggler.dask_tasks import cancelled
 
 BROKER = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-STUCK = Path(tempfile.mkdtemp()) / "stuck"
+SCHEDULER = os.environ.get("DASK_SCHEDULER_ADDRESS")  # a running cluster's; unset: a LocalCluster here
+STUCK = Path(tempfile.mkdtemp()) / "stuck"  # on TMPDIR, which the workers must see too
 
 
 def square(i: int) -> int:
@@ -23,7 +25,11 @@ def square(i: int) -> int:
 
 if __name__ == "__main__":
     with (
-        LocalCluster(n_workers=3, threads_per_worker=1, scheduler_port=8786) as cluster,
+        (
+            nullcontext(SCHEDULER)
+            if SCHEDULER
+            else LocalCluster(n_workers=3, threads_per_worker=1, scheduler_port=8786)
+        ) as cluster,
         Client(cluster) as client,
         SpeculativeClient(client, BROKER) as speculative,
         speculative.job("squares", expected_tasks=8) as job,

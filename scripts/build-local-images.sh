@@ -9,10 +9,11 @@
 #   apache/kafka:3.9.1           Kafka 3.9.1 on Debian's OpenJDK 17, configured by KAFKA_* variables
 #   confluentinc/cp-kafka:7.9.0  the same broker, started as testcontainers' KafkaContainer starts it
 # Then the project's own image, straggler-stream:latest (Dockerfile), is built; when pip inside the
-# build cannot reach an index, from a wheelhouse built on the host (deploy/wheelhouse/). No
-# certificate of this machine goes into any image.
+# build cannot reach an index, from a wheelhouse built on the host (deploy/wheelhouse/, with the
+# `dask` extra's wheels too). No certificate of this machine goes into any image.
 # Needs a running Docker engine; root for debootstrap. Set LOCAL_IMAGES_NO_PULL=1 to skip pulls;
-# `--broker-only` stops after the broker images (what the testcontainers run needs).
+# `--broker-only` stops after the broker images (what the testcontainers run needs); `--dask` also
+# builds straggler-stream-dask:latest (EXTRAS=dask: compose.yaml's `dask` profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,7 @@ IMAGES=deploy/images
 KAFKA_IMAGE=apache/kafka:3.9.1
 CONFLUENT_IMAGE=confluentinc/cp-kafka:7.9.0
 APP_IMAGE=straggler-stream:latest
+DASK_IMAGE=straggler-stream-dask:latest
 WHEELHOUSE=deploy/wheelhouse
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -75,23 +77,30 @@ fi
 # The project's image, always built (the layer cache makes an unchanged tree cheap). pip in the
 # build uses the index when it can reach one; otherwise PIP_NO_INDEX/PIP_FIND_LINKS point it at
 # wheels built here on the host (the dependencies and pyproject's build requirements).
+offline=()
 if timeout 60 docker run --rm python:3.11-slim \
         pip download --no-deps --timeout 5 --retries 0 -d /tmp/probe pip >/dev/null 2>&1; then
     log "building $APP_IMAGE (pip reaches an index from the build)"
     docker build -q -t "$APP_IMAGE" . >/dev/null
 else
-    stamp="$WHEELHOUSE/.built-$(sha256sum pyproject.toml | cut -c1-16)"
+    stamp="$WHEELHOUSE/.built-dask-$(sha256sum pyproject.toml | cut -c1-16)"
     if [ ! -f "$stamp" ]; then
         log "no index from the build: wheels for $APP_IMAGE built on the host into $WHEELHOUSE"
         find "$WHEELHOUSE" -maxdepth 1 \( -name '*.whl' -o -name '.built-*' \) -delete
         requires=$(.venv/bin/python -c \
             'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
         # shellcheck disable=SC2086  # the build requirements are separate words
-        .venv/bin/python -m pip wheel --quiet --wheel-dir "$WHEELHOUSE" . $requires
+        .venv/bin/python -m pip wheel --quiet --wheel-dir "$WHEELHOUSE" '.[dask]' $requires
         rm -f "$WHEELHOUSE"/straggler_stream-*.whl  # the image installs the project from its source
         touch "$stamp"
     fi
+    offline=(--build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/app/wheelhouse)
     log "building $APP_IMAGE offline from $WHEELHOUSE"
-    docker build -q -t "$APP_IMAGE" --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/app/wheelhouse . >/dev/null
+    docker build -q -t "$APP_IMAGE" "${offline[@]}" . >/dev/null
+fi
+if [ "${1:-}" = --dask ]; then
+    log "building $DASK_IMAGE (the same layers plus the dask extra)"
+    docker build -q -t "$DASK_IMAGE" "${offline[@]}" --build-arg EXTRAS=dask . >/dev/null
+    APP_IMAGE="$APP_IMAGE $DASK_IMAGE"
 fi
 log "ready: debian:bookworm python:3.11-slim $KAFKA_IMAGE $CONFLUENT_IMAGE $APP_IMAGE"

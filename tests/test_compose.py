@@ -132,11 +132,15 @@ def _requirement_closure(requirements: list[str]) -> set[str]:
 
 
 def test_the_dockerfile_builds_the_package_from_what_it_copies(tmp_path: Path) -> None:
-    """Offline (the Docker build resolves the dependencies, not the test suite): the image's one RUN
-    step installs the package from the copied files; those hold every package and data file the build
-    takes, the services' modules import from them, and what they import is declared in pyproject."""
+    """Offline (the Docker build resolves the dependencies, not the test suite): the image's first RUN
+    step installs the package from the copied files (the second adds the extras of ``EXTRAS``, empty
+    but for the `dask` profile); those hold every package and data file the build takes, the
+    services' modules import from them, and what they import is declared in pyproject."""
     context, runs = _dockerfile_context(tmp_path)
-    assert runs == ["pip install --no-cache-dir ."], f"unexpected RUN steps: {runs}"
+    assert runs == [
+        "pip install --no-cache-dir .",
+        'if [ -n "$EXTRAS" ]; then pip install --no-cache-dir ".[$EXTRAS]"; fi',
+    ], f"unexpected RUN steps: {runs}"
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert (context / project["project"]["readme"]).is_file()
     include = project["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -282,13 +286,51 @@ def test_docker_compose_config_validates_the_stack(tmp_path: Path) -> None:
     assert refused.returncode != 0 and "depends_onn" in refused.stderr + refused.stdout
 
 
+DASK_SERVICES = ("dask-scheduler", "dask-worker", "dask-executor", "dask-job")
+
+
 def test_monitoring_is_a_profile_and_a_plain_up_runs_the_replay() -> None:
     """`docker compose up` starts what the replay needs (and can run where Prometheus' and Grafana's
-    images cannot be had); `--profile monitoring` adds both."""
+    images cannot be had); `--profile monitoring` adds both, `--profile dask` the Dask cluster."""
     profiled = {name: service["profiles"] for name, service in SERVICES.items() if "profiles" in service}
-    assert profiled == {"prometheus": ["monitoring"], "grafana": ["monitoring"]}
+    assert profiled == {
+        "prometheus": ["monitoring"],
+        "grafana": ["monitoring"],
+        **{name: ["dask"] for name in DASK_SERVICES},
+    }
     plain = set(SERVICES) - set(profiled)
     for name in plain:
         depends = SERVICES[name].get("depends_on", [])
         assert not set(depends) & set(profiled), f"{name} needs a monitoring service"
     assert {"kafka", "topics", "worker", "mitigator", "replayer"} <= plain
+
+
+def test_the_dask_profile_runs_the_readme_example_on_its_own_cluster() -> None:
+    """README "On a Dask cluster" in containers: one image with the `dask` extra, workers of one
+    thread on the scheduler the executor and the job use, and the job's TMPDIR (the example's stuck
+    marker) on a volume every worker mounts at the same path."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    services = {name: SERVICES[name] for name in DASK_SERVICES}
+    for service in services.values():
+        assert service["image"] == "straggler-stream-dask:latest"
+        assert service["build"]["context"] == "." and service["build"]["args"]["EXTRAS"] == "dask"
+    assert "dask" in project["project"]["optional-dependencies"]
+    scheduler = services["dask-scheduler"]["command"]
+    assert scheduler[:2] == ["dask", "scheduler"]
+    port = scheduler[scheduler.index("--port") + 1]
+    address = f"dask-scheduler:{port}"
+    worker = services["dask-worker"]["command"]
+    assert worker[:3] == ["dask", "worker", f"tcp://{address}"]
+    assert (
+        worker[worker.index("--nthreads") + 1] == "1" and services["dask-worker"]["deploy"]["replicas"] >= 2
+    )
+    executor = build_parser().parse_args(services["dask-executor"]["command"][1:])
+    assert services["dask-executor"]["command"][:2] == ["straggler", "dask-executor"]
+    assert executor.scheduler == address and executor.bootstrap == "kafka:9092"
+    job = services["dask-job"]
+    assert (ROOT / job["command"][-1]).is_file()
+    assert job["environment"]["DASK_SCHEDULER_ADDRESS"] == f"tcp://{address}"
+    assert job["environment"]["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    scratch = f"dask-scratch:{job['environment']['TMPDIR']}"
+    assert scratch in job["volumes"] and scratch in services["dask-worker"]["volumes"]
+    assert {"worker", "mitigator", "dask-executor", "dask-worker"} <= set(job["depends_on"])
