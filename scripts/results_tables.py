@@ -247,6 +247,25 @@ def equal_cost() -> Iterator[str]:
             )
 
 
+def truth_gate() -> Iterator[str]:
+    """The limit against the same copies of the true stragglers made only once the job has a finished
+    task, or 4 % of them, and the shipped policy told the truth: the real trace's every job, each half
+    (docs/results/equal-cost/truth-gate-*.json, written by scripts/truth_gate.py)."""
+    runs = {
+        cps: json.loads((RESULTS / "equal-cost" / f"truth-gate-{cps}.json").read_text()) for cps in (60, 300)
+    }
+    columns = [(cps, half) for cps in runs for half in ("tune", "report")]
+    yield "| rule | " + " | ".join(f"{cps} s, {half} half" for cps, half in columns) + " |"
+    yield "|---|" + "---|" * len(columns)
+    for rule in runs[60]["tune"]:
+        cells = []
+        for cps, half in columns:
+            r = runs[cps][half][rule]
+            won = r["copies_won"] / max(r["copies_won"] + r["copies_lost"], 1)
+            cells.append(f"{pct(r['jct_reduction'])}, {r['share_of_limit']:.2f} of the limit, {won:.0%} won")
+        yield f"| {rule} | " + " | ".join(cells) + " |"
+
+
 def run_cost() -> Iterator[str]:
     """What the evaluation of the shipped configuration cost (`/usr/bin/time -v` of each run, kept as
     docs/results/shipped/<run>/time.txt; the machine was shared, so the wall clocks are upper bounds)."""
@@ -277,6 +296,7 @@ TABLES: dict[str, Callable[[], Iterator[str]]] = {
     "seeds": seeds,
     "frontier": frontier,
     "equal-cost": equal_cost,
+    "truth-gate": truth_gate,
     "others": others,
     "run-cost": run_cost,
     "sample": sample,
