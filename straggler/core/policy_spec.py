@@ -6,7 +6,8 @@
                   share of extra machine time must buy (8 by default, chosen in
                   `git show 96386f7:docs/results.md` §9); a lower price spends more machine time on copies;
 ``speculate.../F`` the same over floor F instead of ``spark-legacy``: ``spark`` (Spark 4.0's rule) or
-                  ``none``; ``speculate@32/spark`` spends about what Spark 4.0's rule spends;
+                  ``none`` (``speculate@64/spark``, say), to compare it with Spark 4.0's rule at its
+                  machine time;
 ``spark``         Spark's speculative execution at Spark 4.0's defaults: a copy of a task running
                   over 3x the median finished latency once 90 % of the tasks finished;
 ``spark-legacy``  the same at the defaults before Spark 4.0 (1.5x once 75 % finished), the floor
