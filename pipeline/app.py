@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from functools import partial
 from typing import Any, cast
 
@@ -82,10 +81,10 @@ class Worker:
         app.agent(self.inputs)(self.straggler_agent)
         app.timer(interval=1.0)(self.expire_pending)
         app.timer(interval=COMMIT_SECONDS / 2)(self.commit_when_due)
-        # Every second (or --live-interval, if shorter); each live job is given a boundary at its own
-        # spacing (`straggler.core.live_cadence`), the silent ones are looked for every --live-interval.
+        # Every second (or --live-interval, if shorter): each live job is given a boundary at its own
+        # spacing (`straggler.core.live_cadence`); the silent ones are looked for every --live-interval.
         app.timer(interval=min(settings.live_interval, FLOOR_S))(self.evaluate_live_jobs)
-        self.abandon_scan = 0.0
+        app.timer(interval=settings.live_interval)(self.close_abandoned_jobs)
 
     async def straggler_agent(self, stream: faust.StreamT[bytes]) -> None:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
@@ -170,16 +169,16 @@ class Worker:
             for letter in self.handler.expire_pending():
                 await self.send(letter)
 
-    async def evaluate_live_jobs(self) -> None:
-        """Jobs that send no boundaries get one from the worker, into their own partition
-        (`JobEventHandler.live_ticks`); those silent for too long are closed as abandoned instead
-        (`JobEventHandler.abandon_silent_jobs`)."""
-        now = time.monotonic()
-        scan = now - self.abandon_scan >= self.settings.live_interval
-        if scan and self.app.flow_control.is_active():  # not while partitions move
-            self.abandon_scan = now
+    async def close_abandoned_jobs(self) -> None:
+        """An ``ended`` job event, reason ``abandoned: ...``, for each live job silent for longer than
+        its limit (`JobEventHandler.abandon_silent_jobs`)."""
+        if self.app.flow_control.is_active():  # not while partitions move
             async with self.handling:
                 for end in self.handler.abandon_silent_jobs():
                     await self.send(end)
+
+    async def evaluate_live_jobs(self) -> None:
+        """Jobs that send no boundaries get one from the worker, into their own partition, when due
+        (`JobEventHandler.live_ticks`)."""
         for tick in self.handler.live_ticks():
             await self.send(tick)

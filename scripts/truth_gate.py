@@ -26,7 +26,6 @@ from straggler.core.arrays import BoolArray, IntArray
 from straggler.core.jobtrace import JobTrace
 from straggler.core.online import finished_needed
 from straggler.core.policy_spec import make_policy
-from straggler.core.threshold import oracle_threshold
 from straggler.evaluation import EvaluationConfig, online_job
 from straggler.simulation import (
     JobSimulation,
@@ -35,6 +34,7 @@ from straggler.simulation import (
     figures,
     limit_outcome,
     run_closed_loop,
+    true_stragglers,
 )
 from straggler.traces.loading import HALVES, job_half, load_traces
 
@@ -59,8 +59,7 @@ def once_finished(straggler: BoolArray, needed: int) -> Callable[[JobSimulation,
 
 def job_rows(trace: JobTrace, config: EvaluationConfig) -> dict[str, dict[str, float]]:
     """Each rule's figures on one job."""
-    scored, latency = trace.scored, trace.latency
-    straggler = scored & (latency >= oracle_threshold(latency[scored], config.quantile))
+    straggler = true_stragglers(trace, config.quantile)
     interval = checkpoint_interval(trace, config.checkpoint_seconds)
     oracle_fed = run_closed_loop(
         trace, online_job(trace, "oracle", config), make_policy("speculate", interval), 0, interval

@@ -608,8 +608,14 @@ def limit_outcome(trace: JobTrace, seed: int, interval: float, quantile: float =
     """The achievable reference: a copy of every true straggler (latency >= the job's p90) at the first
     checkpoint it is running, the losers killed at the checkpoint after each race (future information:
     evaluation only)."""
-    scored = trace.scored
-    if not scored.any():
+    if not trace.scored.any():
         return JobSimulation(trace, seed).outcome()
-    straggler = scored & (trace.latency >= oracle_threshold(trace.latency[scored], quantile))
+    straggler = true_stragglers(trace, quantile)
     return copy_when(trace, seed, interval, lambda sim, t, running: straggler[running])
+
+
+def true_stragglers(trace: JobTrace, quantile: float = 0.9) -> BoolArray:
+    """The scored tasks whose latency reaches the job's true ``quantile`` (future information:
+    evaluation only); the job must have a scored task."""
+    scored = trace.scored
+    return scored & (trace.latency >= oracle_threshold(trace.latency[scored], quantile))
