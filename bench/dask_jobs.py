@@ -183,8 +183,15 @@ def run_alone(
         client.submit(run_task, i, s, tmp, fault, pure=False, key=f"alone-{uuid.uuid4().hex[:8]}-{i}")
         for i, s in enumerate(seconds)
     ]
-    with contextlib.suppress(TimeoutError):
-        wait(futures, timeout=bound, return_when="ALL_COMPLETED")
+    deadline = started + bound
+    # `wait` returns once every future has been done at some time: a result lost with a dead worker
+    # (then computed again) counts, so wait again until every result is there at once
+    while not all(f.status == "finished" for f in futures) and time.monotonic() < deadline:
+        with contextlib.suppress(TimeoutError):
+            wait(futures, timeout=max(deadline - time.monotonic(), 0.0), return_when="ALL_COMPLETED")
+        if any(f.status == "error" for f in futures):
+            break
+        time.sleep(0.05)
     jct = time.monotonic() - started
     failed = [f for f in futures if f.status == "error"]
     if failed:
@@ -333,6 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--settle", type=float, default=4.0, help="seconds after a job for kills and accounting"
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--logs", type=Path, default=None, help="keep the stages' logs here (default: deleted at the end)"
+    )
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     policies = [p for p in args.policies.split(",") if p]
@@ -372,7 +382,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         one_run(client, None, scenario, policy, rep, args, tmp) for rep in range(args.reps)
                     ]
                 continue
-            pipeline = Pipeline(bootstrap, cluster.scheduler_address, policy, args.interval, Path(tmp))
+            logs = Path(tmp) if args.logs is None else args.logs
+            logs.mkdir(parents=True, exist_ok=True)
+            pipeline = Pipeline(bootstrap, cluster.scheduler_address, policy, args.interval, logs)
             with pipeline.running():
                 for scenario in scenarios:
                     runs += [

@@ -10,7 +10,9 @@ transaction's commands are never seen) and, for the tasks the adapter submitted
 - ``kill``: the attempt is cancelled, and its worker's slot freed. Dask's cancel forgets the task
   but cannot stop a thread that runs it: the slot is free once the function returns, at once when
   it calls `straggler.dask_tasks.cancelled()` now and then; after ``kill_grace`` seconds still
-  running, its worker is restarted (its nanny starts a fresh process). The log line and the
+  running, its worker is restarted (its nanny starts a fresh process), after the results it holds
+  have moved to other workers (a restart would lose them, and Dask would compute them again). The
+  log line and the
   ``straggler_executor_kill_seconds`` histogram give how long that took and which way;
 - ``relaunch``: the next attempt is started (anywhere but the attempt's worker), then the attempt
   is killed as above.
@@ -66,6 +68,10 @@ KILL_GRACE_S = 2.0
 """How long a killed attempt may run on before its worker is restarted."""
 CONNECT_TIMEOUT_S = 30.0
 """How long to wait for the scheduler at start."""
+ATTEMPT_PRIORITY = 1
+"""Dask priority of a copy or relaunch (the job's tasks have 0): it runs before the tasks still
+queued, since the task it stands for has run, or straggled, already; behind them it would start only
+once they all had."""
 RESTART_TIMEOUT_S = 60.0
 """Longest wait for a restarted worker to come back."""
 SCHEDULER_STATE: dict[str, AttemptStatus] = {
@@ -233,10 +239,12 @@ class DaskExecutor:
         return decision
 
     def _record(self, command: RelaunchCommand) -> TaskRecord | None:
-        """The task's published record, its attempts' states told to the book (None: unknown task)."""
+        """The task's published record, its attempts' states told to the book (None: an unknown
+        task, or one whose job has ended)."""
         name = task_record_name(command.job_id, command.task_id)
         record = TaskRecord.from_published(self.client.get_dataset(name, default=None))
-        if record is None:
+        if record is None:  # never published, or its job ended since an earlier command
+            self.book.dropped(command.job_id, command.task_id, time.time())
             return None
         numbers = sorted(record.attempts)
         keys = [record.attempts[n].key for n in numbers]
@@ -293,6 +301,7 @@ class DaskExecutor:
             pure=False,
             workers=others,
             allow_other_workers=isinstance(decision, Relaunch),  # a copy must not share the original's worker
+            priority=ATTEMPT_PRIORITY,
         )
         record.attempts[decision.new_attempt] = new
         name = task_record_name(record.job_id, record.task_id)
@@ -338,7 +347,15 @@ class DaskExecutor:
 
     def _restart(self, worker: str) -> str:
         """Restart ``worker`` under its nanny; "restart", or "stuck" when it cannot be (no nanny, or
-        it did not come back in time): the kill is applied all the same, and said to be partial."""
+        it did not come back in time): the kill is applied all the same, and said to be partial.
+
+        The results the worker holds move to other workers first (``retire_workers`` without closing
+        it, which also stops new tasks going there): a restart drops a worker's memory, and Dask would
+        run every task whose result was lost again, finished peers of the job included."""
+        try:
+            self.client.retire_workers([worker], close_workers=False, remove=False)
+        except Exception as exc:  # the restart still frees the slot; the lost results are computed again
+            log.warning("could not move the results off worker %s before its restart: %s", worker, exc)
         try:
             self.client.restart_workers([worker], timeout=RESTART_TIMEOUT_S)
         except Exception as exc:  # any failure: the attempt is cancelled already, carry on

@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +42,15 @@ FEATURE_NAMES = (
     "input_mb",
     "queue_length",
     "kind",
+    "worker_recent_s",
 )
 """What every report carries: the worker process's CPU share (1 = one core) and resident memory,
 its disk reads and writes and the machine's network traffic since the last sample, the task's input
-size, the tasks waiting on the worker, and the task's kind (its function's name) as a number."""
+size, the tasks waiting on the worker, the task's kind (its function's name) as a number, and the
+mean latency of the last attempts that finished on this worker (`RECENT_ATTEMPTS`; 0 before the
+first): a slow worker's past, known before its next task ends."""
+RECENT_ATTEMPTS = 5
+"""How many of the worker's last finished attempts ``worker_recent_s`` averages."""
 MB = 1e6
 CLOSE_TIMEOUT_S = 5.0
 """Longest a closing worker waits for its last reports to be delivered."""
@@ -141,16 +147,21 @@ class DaskTelemetry(WorkerPlugin):
     def _report(self, sdk: TelemetryProducer, sampler: WorkerSampler) -> None:
         """The plugin's thread: every report of this worker is produced here."""
         running: dict[tuple[str, str, int], AttemptInfo] = {}
+        recent: deque[float] = deque(maxlen=RECENT_ATTEMPTS)
         due = time.monotonic() + self.interval
         send = _Sender(sdk)
+
+        def load() -> dict[str, float]:
+            return {**sampler.sample(), "worker_recent_s": sum(recent) / len(recent) if recent else 0.0}
+
         try:
             while True:
                 try:
                     event = self._events.get(timeout=max(due - time.monotonic(), 0.0))
                 except queue.Empty:
-                    load = sampler.sample()
+                    now = load()
                     for info in running.values():
-                        send(info, load, "running", time.time())
+                        send(info, now, "running", time.time())
                     due = time.monotonic() + self.interval
                     continue
                 if event is None:
@@ -158,10 +169,12 @@ class DaskTelemetry(WorkerPlugin):
                 where = (event.info.job_id, event.info.task_id, event.info.attempt)
                 if isinstance(event, _Started):
                     running[where] = event.info
-                    send(event.info, sampler.sample(), "running", event.info.started_at)
+                    send(event.info, load(), "running", event.info.started_at)
                 else:
                     running.pop(where, None)
-                    send(event.info, sampler.sample(), event.outcome, event.at)
+                    send(event.info, load(), event.outcome, event.at)  # its own latency not yet in it
+                    if event.outcome == "finished":
+                        recent.append(max(event.at - event.info.started_at, 0.0))
         except Exception:  # telemetry must never take the worker down: say why it stopped
             log.exception("dask telemetry stopped")
         finally:

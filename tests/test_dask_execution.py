@@ -120,3 +120,17 @@ def test_an_end_is_counted_once() -> None:
     assert book.copies_won == 1
     task = book.task("j", "t1")
     assert task is not None and task.winner == 1 and task.live() == []
+
+
+@pytest.mark.parametrize(("action", "kind"), [("duplicate", "finished_task"), ("kill", "ended_attempt")])
+def test_a_task_dropped_with_its_job_is_skipped_and_its_copy_priced_until_then(
+    action: Action, kind: str
+) -> None:
+    book = book_with_task()
+    book.attempt_added("j", "t1", 1, at=2.0)  # a copy, still running when the job ended
+    book.dropped("j", "t1", at=5.0)
+    decision = book.decide(order(action, attempt=1 if action == "kill" else 0))
+    assert isinstance(decision, Skip) and decision.kind == kind
+    assert book.extra_machine_seconds == 3.0
+    book.dropped("j", "nope", at=6.0)  # a task never seen: nothing to end
+    assert book.tracked == 1

@@ -142,10 +142,24 @@ def job_under(
         yield job
 
 
+def count_run(directory: str, x: int) -> int:
+    """Leaves a file for each run, so a test can tell a result computed twice."""
+    (Path(directory) / f"{x}-{uuid.uuid4().hex}").touch()
+    return x
+
+
 def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_frees_its_slot(
     kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster, tmp_path: Path
 ) -> None:
     marker = tmp_path / "first-attempt"
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # a finished result on every worker, the hung attempt's among them: its restart must not lose it
+    held = [
+        client.submit(count_run, str(runs), i, workers=[address], pure=False)
+        for i, address in enumerate(sorted(client.scheduler_info()["workers"]))
+    ]
+    assert client.gather(held) == list(range(WORKERS))
     executor = DaskExecutor(kafka_bootstrap, cluster.scheduler_address, topics=topics, kill_grace=0.5)
     with job_under(executor, client, tasks=2, interval=0.3) as job:
         job_id = job.job_id
@@ -169,6 +183,8 @@ def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_fre
         assert kills["sum"] is not None and kills["sum"] < 30.0  # and the slot came back in seconds
         client.wait_for_workers(WORKERS, timeout=WAIT_S)
     assert executor.stats.copies_won == 1 and executor.stats.extra_machine_seconds > 0
+    assert [f.result(WAIT_S) for f in held] == list(range(WORKERS))
+    assert sorted(p.name.split("-")[0] for p in runs.iterdir()) == [str(i) for i in range(WORKERS)]
 
     reports = [event for _, event in read_all(kafka_bootstrap, topics.checkpoints)]
     hung_reports = [r for r in reports if isinstance(r, TaskCheckpoint) and r.task_id == "hung"]
@@ -180,6 +196,14 @@ def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_fre
     assert all(r.start_time == original[0].start_time for r in original)
     assert set(original[0].features) == set(FEATURE_NAMES)
     assert original[0].features["input_mb"] > 0 and original[0].features["memory_mb"] > 10
+    checkpoints = [r for r in reports if isinstance(r, TaskCheckpoint)]
+    for machine in {r.machine_id for r in checkpoints}:  # a worker's past: 0 until an attempt finished there
+        finished_here = False
+        for report in sorted(
+            (r for r in checkpoints if r.machine_id == machine), key=lambda r: r.checkpoint_time
+        ):
+            assert (report.features["worker_recent_s"] > 0) == finished_here, report
+            finished_here |= report.status == "finished"
     events = [event for _, event in read_all(kafka_bootstrap, topics.job_events)]
     assert [e.event for e in events if isinstance(e, JobEvent) and e.job_id == job_id] == ["started", "ended"]
 
@@ -220,7 +244,7 @@ def wait_until_cancelled_the_first_time(marker: str, x: int) -> int:
     return -1 if run_until_cancelled(600) else -2
 
 
-def test_a_relaunch_restarts_the_task_and_a_cooperative_attempt_frees_its_slot_at_once(
+def test_a_relaunch_restarts_the_task_and_a_cooperative_attempt_frees_its_slot_without_a_restart(
     kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster, tmp_path: Path
 ) -> None:
     marker = tmp_path / "first-attempt"
@@ -235,13 +259,13 @@ def test_a_relaunch_restarts_the_task_and_a_cooperative_attempt_frees_its_slot_a
         wait_for(lambda: executor.stats.applied == 1, "the relaunch")
     registry = executor.metrics.registry
     freed = {"freed_by": "returned"}
+    # The attempt saw cancelled() and returned within the kill grace: its slot was freed by its own
+    # thread, and the worker was not restarted (how long that took is a benchmark's figure, not this test's).
     assert registry.get_sample_value("straggler_executor_kill_seconds_count", freed) == 1
-    took = registry.get_sample_value("straggler_executor_kill_seconds_sum", freed)
-    assert took is not None and took < 2.0  # it saw cancelled() within its 20 ms poll: no restart
     assert registry.get_sample_value("straggler_executor_kill_seconds_count", {"freed_by": "restart"}) == 0
 
 
-def test_commands_for_unknown_finished_or_side_effecting_tasks_are_skipped_and_counted(
+def test_commands_for_unknown_finished_side_effecting_or_ended_tasks_are_skipped_and_counted(
     kafka_bootstrap: str,
     topics: TopicNames,
     client: Client,
@@ -267,11 +291,17 @@ def test_commands_for_unknown_finished_or_side_effecting_tasks_are_skipped_and_c
         job.poll_added_attempts()
         record = TaskRecord.from_published(client.get_dataset(task_record_name(job_id, "writes")))
         assert sorted(writer.attempts) == [0] and record is not None and sorted(record.attempts) == [0]
-    assert (executor.stats.applied, executor.stats.skipped) == (0, 3)
+        # the job ending: the adapter drops its records first, then cancels the attempts still running;
+        # a kill in between, of an attempt the executor saw running, finds it ended with its job
+        client.unpublish_dataset(task_record_name(job_id, "writes"))
+        skips["ended_attempt"] = command(job_id, "writes", "kill", 0)
+        send(kafka_bootstrap, topics.commands, job_id, encode(skips["ended_attempt"]))
+        wait_for(lambda: executor.stats.consumed == 4, "the kill as the job ends")
+    assert (executor.stats.applied, executor.stats.skipped) == (0, 4)
     registry = executor.metrics.registry
     for kind in skips:
         assert registry.get_sample_value("straggler_executor_skips_total", {"kind": kind}) == 1, kind
-    assert registry.get_sample_value("straggler_executor_skipped_total") == 3
+    assert registry.get_sample_value("straggler_executor_skipped_total") == 4
     lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     for kind, skipped_command in skips.items():
         assert any(f"{skipped_command.command_id[:12]}:" in line and f"({kind})" in line for line in lines), (

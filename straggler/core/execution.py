@@ -154,6 +154,14 @@ class ExecutionBook:
                 else:
                     self.copies_won += 1
 
+    def dropped(self, job_id: str, task_id: str, at: float) -> None:
+        """The task's record is gone from the cluster: its job ended, and the adapter cancelled the
+        attempts still running, so each live one ends, killed, at ``at`` (a later command for it is
+        skipped, as for any ended attempt)."""
+        task = self._tasks.get((job_id, task_id))
+        for attempt in [] if task is None else task.live():
+            self.attempt_ended(job_id, task_id, attempt, "killed", at)
+
     def decide(self, command: RelaunchCommand) -> Decision:
         """What to do about ``command`` (call `observe` first with the task's attempts, if it has any)."""
         job, task_id, action = command.job_id, command.task_id, command.action
