@@ -2,16 +2,18 @@
 for how much machine time, than with Dask alone or with Spark's rule?
 
 A `LocalCluster` of process workers with one thread each runs jobs of real tasks: each task computes
-with NumPy for a quarter of its planned time, writes and reads back its input file, and waits out the
-rest (as on a remote read). Planned times are log-normal around 1 s, within 0.2-5 s, and a job has a
-few waves of tasks per worker, as the Google jobs do. Stragglers come from named mechanisms, one per
-scenario:
+with NumPy for a quarter of its planned time, reads its input file (4 MB per planned second, written
+before the job starts; Dask's ``sizeof`` of the task's arguments counts it, so the telemetry reports
+it as the task's input) and waits out the rest (as on a remote read). Planned times are log-normal
+around 1 s, within 0.2-5 s, and a job has a few waves of tasks per worker, as the Google jobs do.
+Stragglers come from named mechanisms, one per scenario:
 
 - ``hung-task``: one task's first attempt never returns (a stuck read) and never checks
   `straggler.dask_tasks.cancelled`, so only a worker restart frees its slot;
 - ``slow-worker``: every task on one worker of four takes 4x its planned time (its loop runs 4x as
   long, as on a CPU a quarter as fast): a copy elsewhere helps;
-- ``input-skew``: one task reads 4x the input and takes 4x its time on any worker: a copy cannot help;
+- ``input-skew``: the longest task reads 4x the input and takes 4x its time on any worker: a copy
+  cannot help;
 - ``worker-dies``: the worker running one task's first attempt exits half-way (its nanny restarts it;
   Dask runs the task again elsewhere).
 
@@ -45,7 +47,7 @@ from typing import Any
 import dask_work
 import numpy as np
 from benchlib import REPO, broker, machine, table, wait_group_stable, write_outputs
-from dask_work import Fault, planned_seconds, run_task
+from dask_work import SLOWDOWN, Fault, InputFile, planned_seconds, run_task, write_input
 from matplotlib.figure import Figure
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -173,15 +175,15 @@ def fresh_cluster_state(client: Any) -> None:
 
 
 def run_alone(
-    client: Any, seconds: Sequence[float], fault: Fault | None, bound: float, tmp: str
+    client: Any, seconds: Sequence[float], inputs: Sequence[InputFile], fault: Fault | None, bound: float
 ) -> float | None:
     """The job on Dask alone: its completion time, None past ``bound``."""
     from distributed import wait
 
     started = time.monotonic()
     futures = [
-        client.submit(run_task, i, s, tmp, fault, pure=False, key=f"alone-{uuid.uuid4().hex[:8]}-{i}")
-        for i, s in enumerate(seconds)
+        client.submit(run_task, i, s, data, fault, pure=False, key=f"alone-{uuid.uuid4().hex[:8]}-{i}")
+        for i, (s, data) in enumerate(zip(seconds, inputs, strict=True))
     ]
     deadline = started + bound
     # `wait` returns once every future has been done at some time: a result lost with a dead worker
@@ -202,7 +204,12 @@ def run_alone(
 
 
 def run_streamed(
-    client: Any, pipeline: Pipeline, seconds: Sequence[float], fault: Fault | None, bound: float, tmp: str
+    client: Any,
+    pipeline: Pipeline,
+    seconds: Sequence[float],
+    inputs: Sequence[InputFile],
+    fault: Fault | None,
+    bound: float,
 ) -> float | None:
     """The job through the adapter, its telemetry and the executor's commands: its completion time,
     None past ``bound``."""
@@ -216,7 +223,10 @@ def run_streamed(
         speculative.job(job_id, expected_tasks=len(seconds)) as job,
     ):
         started = time.monotonic()
-        futures = [job.submit(run_task, i, s, tmp, fault) for i, s in enumerate(seconds)]
+        futures = [
+            job.submit(run_task, i, s, data, fault)
+            for i, (s, data) in enumerate(zip(seconds, inputs, strict=True))
+        ]
         try:
             job.gather(futures, timeout=bound)
         except TimeoutError:
@@ -235,6 +245,8 @@ def one_run(
 ) -> Run:
     seconds = planned_seconds(args.tasks, seed=1000 + rep)
     fault = None
+    if scenario == "input-skew":  # the job's longest task reads SLOWDOWN x the input, and takes as long
+        seconds[int(np.argmax(seconds))] *= SLOWDOWN
     if scenario != "clean":
         worker_names = sorted(str(w["name"]) for w in client.scheduler_info()["workers"].values())
         fault = Fault(
@@ -244,11 +256,16 @@ def one_run(
             marker=str(Path(tmp) / f"marker-{uuid.uuid4().hex[:8]}"),
         )
     fresh_cluster_state(client)
+    inputs = [write_input(tmp, i, s) for i, s in enumerate(seconds)]
     before = pipeline.executor_counters() if pipeline else {}
-    if pipeline is None:
-        jct = run_alone(client, seconds, fault, args.bound, tmp)
-    else:
-        jct = run_streamed(client, pipeline, seconds, fault, args.bound, tmp)
+    try:
+        if pipeline is None:
+            jct = run_alone(client, seconds, inputs, fault, args.bound)
+        else:
+            jct = run_streamed(client, pipeline, seconds, inputs, fault, args.bound)
+    finally:
+        for data in inputs:
+            Path(data.path).unlink(missing_ok=True)
     run = Run(scenario, policy, rep, args.bound if jct is None else jct, jct is not None, float(sum(seconds)))
     if pipeline is not None:
         time.sleep(args.settle)  # the losers' kills and the executor's accounting

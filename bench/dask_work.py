@@ -31,21 +31,39 @@ class Fault:
     marker: str
 
 
+@dataclass(frozen=True)
+class InputFile:
+    """A task's input: a file it reads. Dask's ``sizeof`` (what the telemetry reports as the task's
+    input) counts the file's bytes, as it would count data passed to the task."""
+
+    path: str
+    nbytes: int
+
+    def __sizeof__(self) -> int:
+        return self.nbytes
+
+
+def write_input(directory: str, index: int, seconds: float) -> InputFile:
+    """The input of a task planned to take ``seconds``: ``MB_PER_SECOND`` MB per second."""
+    path = Path(directory) / f"input-{index}-{uuid.uuid4().hex[:6]}"
+    nbytes = int(MB_PER_SECOND * seconds * 2**20)
+    path.write_bytes(os.urandom(nbytes))
+    return InputFile(str(path), nbytes)
+
+
 def planned_seconds(tasks: int, seed: int) -> list[float]:
     """Each task's planned time: log-normal around 1 s, within 0.2-5 s."""
     rng = np.random.default_rng(seed)
     return [float(s) for s in np.clip(rng.lognormal(0.0, 0.5, tasks), 0.2, 5.0)]
 
 
-def run_task(index: int, seconds: float, directory: str, fault: Fault | None) -> float:
-    """One task: compute, write and read its input, wait; faults as the scenario says. Returns the
-    seconds it ran (runs on a Dask worker; shipped by value)."""
+def run_task(index: int, seconds: float, data: InputFile, fault: Fault | None) -> float:
+    """One task: compute, read its input, wait; faults as the scenario says. Returns the seconds it
+    ran (runs on a Dask worker; shipped by value)."""
     from distributed import get_worker
 
     started = time.monotonic()
     if fault is not None and fault.scenario == "slow-worker" and str(get_worker().name) == fault.slow_worker:
-        seconds *= SLOWDOWN
-    if fault is not None and fault.scenario == "input-skew" and index == fault.task:
         seconds *= SLOWDOWN
     first = False
     if fault is not None and index == fault.task and fault.scenario in ("hung-task", "worker-dies"):
@@ -57,10 +75,7 @@ def run_task(index: int, seconds: float, directory: str, fault: Fault | None) ->
     a = np.random.default_rng(index).random((96, 96))
     while time.monotonic() - started < COMPUTE_SHARE * seconds:
         a = np.tanh(a @ a.T / 96.0)
-    path = Path(directory) / f"input-{index}-{uuid.uuid4().hex[:6]}"
-    path.write_bytes(os.urandom(int(MB_PER_SECOND * seconds * 2**20)))
-    path.read_bytes()
-    path.unlink()
+    Path(data.path).read_bytes()
     if first and fault is not None and fault.scenario == "worker-dies":
         time.sleep(max(seconds / 2 - (time.monotonic() - started), 0.0))
         os._exit(1)  # the worker process dies mid-task

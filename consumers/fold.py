@@ -36,6 +36,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from schemas import (
+    INPUT_FEATURE,
     CheckpointBoundary,
     CheckpointEvaluated,
     DeadLetter,
@@ -239,6 +240,9 @@ class MitigationState:
         job = self._job(event.job_id)
         if job is None:
             return []
+        size = event.features.get(INPUT_FEATURE)
+        if size is not None:  # a task's input is its own, whenever told: no event-time alignment needed
+            self.policy.on_task_input(event.job_id, event.task_id, size)
         ended = event.status == "finished" and event.latency is not None
         if ended or event.status in ("failed", "killed"):
             run = (event.task_id, event.attempt)

@@ -24,6 +24,7 @@ import psutil
 from distributed import Worker, WorkerPlugin
 
 from producers.telemetry import TelemetryProducer
+from schemas import INPUT_FEATURE
 from straggler.dask_tasks import AttemptEnd, AttemptInfo, kind_feature
 from straggler.kafka.names import TopicNames
 from straggler.kafka.reachability import BrokerUnreachable
@@ -39,16 +40,17 @@ FEATURE_NAMES = (
     "disk_read_mb_s",
     "disk_write_mb_s",
     "net_mb_s",
-    "input_mb",
+    INPUT_FEATURE,
     "queue_length",
     "kind",
     "worker_recent_s",
 )
 """What every report carries: the worker process's CPU share (1 = one core) and resident memory,
 its disk reads and writes and the machine's network traffic since the last sample, the task's input
-size, the tasks waiting on the worker, the task's kind (its function's name) as a number, and the
-mean latency of the last attempts that finished on this worker (`RECENT_ATTEMPTS`; 0 before the
-first): a slow worker's past, known before its next task ends."""
+size (Dask's ``sizeof`` of its arguments, `schemas.INPUT_FEATURE`), the tasks waiting on the
+worker, the task's kind (its function's name) as a number, and the mean latency of the last attempts
+that finished on this worker (`RECENT_ATTEMPTS`; 0 before the first): a slow worker's past, known
+before its next task ends."""
 RECENT_ATTEMPTS = 5
 """How many of the worker's last finished attempts ``worker_recent_s`` averages."""
 MB = 1e6
@@ -193,7 +195,7 @@ class _Sender:
         self.failing = False
 
     def __call__(self, info: AttemptInfo, load: dict[str, float], status: Any, at: float) -> None:
-        features = {**load, "input_mb": info.input_bytes / MB, "kind": kind_feature(info.kind)}
+        features = {**load, INPUT_FEATURE: info.input_bytes / MB, "kind": kind_feature(info.kind)}
         try:
             self.sdk.report(
                 info.job_id,

@@ -32,6 +32,7 @@ from schemas.codec import (
 )
 from schemas.events import (
     EVENT_CLASSES,
+    INPUT_FEATURE,
     SCHEMA_VERSION,
     CheckpointBoundary,
     CheckpointEvaluated,
@@ -54,6 +55,7 @@ __all__ = [
     "DEAD_LETTER_MAX_ERROR_CHARS",
     "DEAD_LETTER_MAX_RAW_BYTES",
     "EVENT_CLASSES",
+    "INPUT_FEATURE",
     "KNOWN_VERSIONS",
     "MAX_PAYLOAD_BYTES",
     "SCHEMA_VERSION",

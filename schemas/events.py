@@ -72,9 +72,15 @@ class _EventBase:
         return factory(**data)
 
 
+INPUT_FEATURE = "input_mb"
+"""A feature of this name is the task's input size, the same for each of its attempts (a copy reads
+the same input): the mitigator then prices a copy's time by it (`Speculate.on_task_input`)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskCheckpoint(_EventBase):
-    """One task's state at one checkpoint; ``latency`` only once it has finished."""
+    """One task's state at one checkpoint; ``latency`` only once it has finished. A feature named
+    `INPUT_FEATURE` is the task's input size."""
 
     EVENT_TYPE: ClassVar[str] = "task_checkpoint"
 

@@ -12,6 +12,7 @@ from stream_events import prediction
 
 from consumers.fold import MitigationState, Output, Rebuild
 from schemas import (
+    INPUT_FEATURE,
     CheckpointBoundary,
     CheckpointEvaluated,
     Event,
@@ -262,12 +263,16 @@ class Recorder(MitigationPolicy):
 
     def __init__(self) -> None:
         self.forgotten: list[str] = []
+        self.inputs: list[tuple[str, str, float]] = []
 
     def on_checkpoint(self, job_id: str, at: float, decisions: Sequence[Decision]) -> list[Action]:
         return make_policy("unlimited").on_checkpoint(job_id, at, decisions)
 
     def on_job_ended(self, job_id: str) -> None:
         self.forgotten.append(job_id)
+
+    def on_task_input(self, job_id: str, task_id: str, size: float) -> None:
+        self.inputs.append((job_id, task_id, size))
 
 
 def test_a_jobs_end_drops_its_state_once_no_marker_of_it_can_come() -> None:
@@ -286,3 +291,16 @@ def test_a_jobs_end_drops_its_state_once_no_marker_of_it_can_come() -> None:
     assert commands(state, records(replayed)) == []
     assert state.active_jobs == {"other"}
     assert recorder.forgotten == ["old"]
+
+
+def test_a_tasks_reported_input_reaches_the_policy() -> None:
+    state = fold("unlimited")
+    recorder = state.policy = Recorder()
+    told = {"cpu": 0.5, INPUT_FEATURE: 3.0}
+    reports = [
+        TaskCheckpoint(job_id="j", task_id=t, attempt=0, checkpoint_time=1.0, status="running",
+                       machine_id="m", features=features)
+        for t, features in (("told", told), ("untold", {"cpu": 0.5}))
+    ]  # fmt: skip
+    commands(state, records(reports))
+    assert recorder.inputs == [("j", "told", 3.0)]

@@ -447,3 +447,60 @@ def test_a_confident_flag_on_a_task_whose_peers_finished_is_copied_at_the_next_e
     """The mitigator's default --checkpoint-seconds (300) must not price a live job's loser as
     running on for 150 s: the job's own evaluation spacing says when it is killed."""
     assert short_peers_then_hung(Speculate(floor=None), spacing, probability)[:1] == [0]
+
+
+# ---------------------------------------------------------------- a task's input (Mantri's t_new)
+
+
+def input_job(policy: Speculate, *, inputs: bool = True, follow: bool = True, n: int = 40) -> None:
+    """A job whose ``n`` finished tasks took 10 s per unit of input (0.5-2 units), started at 0; with
+    ``follow=False`` their inputs are drawn apart from their latencies."""
+    rng = np.random.default_rng(3)
+    sizes = rng.uniform(0.5, 2.0, n)
+    told = sizes if follow else np.random.default_rng(4).permutation(sizes)
+    for i, (size, reported) in enumerate(zip(sizes, told, strict=True)):
+        latency = float(10.0 * size * rng.uniform(0.95, 1.05))
+        policy.on_task_finished("job", f"done-{i}", latency, latency)
+        if inputs:
+            policy.on_task_input("job", f"done-{i}", float(reported))
+
+
+def copies(policy: Speculate, running: dict[str, tuple[float, float]], *, at: float = 100.0) -> list[str]:
+    """The tasks copied at ``at`` among ``running`` (task -> (elapsed, input)), told their inputs."""
+    for task_id, (_, size) in running.items():
+        policy.on_task_input("job", task_id, size)
+    verdicts = [
+        verdict(t, at, elapsed, threshold=20.0, probability=0.9) for t, (elapsed, _) in running.items()
+    ]
+    return [a.task_id for a in policy.on_checkpoint("job", at, verdicts) if a.action == "duplicate"]
+
+
+def test_a_task_slow_for_its_large_input_is_not_copied_and_one_slow_for_its_machine_is() -> None:
+    """Both ran 45 s of a job whose tasks took 5-20 s; one has 5 units of input (50 s expected, and a
+    copy reads the same 5 units), the other 1 unit (10 s expected): only its copy can end sooner."""
+    running = {"big-input": (45.0, 5.0), "slow-machine": (45.0, 1.0)}
+    told = Speculate(checkpoint_interval=5.0)
+    input_job(told)
+    assert copies(told, running) == ["slow-machine"]
+    blind = Speculate(checkpoint_interval=5.0)  # inputs unknown: both look hung, both are copied
+    input_job(blind, inputs=False)
+    assert sorted(a.task_id for a in blind.on_checkpoint("job", 100.0, [
+        verdict(t, 100.0, e, threshold=20.0, probability=0.9) for t, (e, _) in running.items()
+    ]) if a.action == "duplicate") == ["big-input", "slow-machine"]  # fmt: skip
+
+
+def test_spark_floor_leaves_a_task_a_copy_of_which_cannot_end_first() -> None:
+    """Past 1.5 x the median after 75 % finished, Spark's rule names both; with inputs that explain the
+    job's latencies the floor copies only the one whose copy is expected to end first."""
+    policy = Speculate(checkpoint_interval=5.0, machine_price=1e6)  # the cost rule buys nothing
+    input_job(policy)
+    assert copies(policy, {"big-input": (30.0, 4.0), "slow-machine": (30.0, 1.0)}) == ["slow-machine"]
+
+
+def test_inputs_that_do_not_explain_latency_change_nothing() -> None:
+    running = {"a": (45.0, 5.0), "b": (45.0, 1.0), "c": (12.0, 1.0)}
+    told, blind = Speculate(checkpoint_interval=5.0), Speculate(checkpoint_interval=5.0)
+    input_job(told, follow=False)
+    input_job(blind, inputs=False)
+    verdicts = [verdict(t, 100.0, e, threshold=20.0, probability=0.9) for t, (e, _) in running.items()]
+    assert copies(told, running) == [a.task_id for a in blind.on_checkpoint("job", 100.0, verdicts)]

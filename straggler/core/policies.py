@@ -79,6 +79,9 @@ class MitigationPolicy(ABC):
     def on_task_gone(self, job_id: str, task_id: str, at: float, attempt: int = 0) -> None:  # noqa: B027
         """A task's attempt ended without finishing (failed, killed): it no longer runs."""
 
+    def on_task_input(self, job_id: str, task_id: str, size: float) -> None:  # noqa: B027
+        """The task's input size, where its source reports one (`schemas.INPUT_FEATURE`)."""
+
     def on_job_ended(self, job_id: str) -> None:  # noqa: B027
         """The job is over: drop its state."""
 

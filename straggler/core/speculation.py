@@ -72,6 +72,8 @@ class _Job:
     last_checkpoint: float = -math.inf
     spacing: float = math.inf
     """Seconds between the job's last two checkpoints (inf: fewer than two yet)."""
+    inputs: dict[str, float] = field(default_factory=dict)
+    """Tasks' input sizes, where the source reports them (`Speculate.on_task_input`)."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,12 @@ class Speculate(MitigationPolicy):
             loser = race.copy if attempt == race.original else race.original
             job.kills.append((task_id, loser, at))
 
+    def on_task_input(self, job_id: str, task_id: str, size: float) -> None:
+        """The task reads ``size`` of input (any unit, the same for the whole job; a copy reads the
+        same): where the job's inputs explain its latencies, a copy's time is scaled by its task's
+        input (`_input_scales`), as Mantri prices a copy."""
+        self._job(job_id).inputs.setdefault(task_id, size)
+
     def on_task_gone(self, job_id: str, task_id: str, at: float, attempt: int = 0) -> None:
         job = self._job(job_id)
         running = job.running.get(task_id)
@@ -331,6 +339,10 @@ class Speculate(MitigationPolicy):
             return plan
         chosen = set(plan.tasks)
         extra = [t for t in self.floor.due(job, at) if t not in chosen]
+        est = _estimate(job, at, self.grid_points, self.stuck_prior) if extra and job.inputs else None
+        if est is not None and est.scaled:  # a copy that reads the same input as a slow task is as slow
+            row = {task_id: i for i, task_id in enumerate(est.ids)}
+            extra = [t for t in extra if _copy_ends_first(est, row[t]) > 0.5]
         if self.machines is not None:
             extra = extra[: max(self.machines - len(job.races) - len(plan.tasks), 0)]
         if not extra:
@@ -345,8 +357,9 @@ class Speculate(MitigationPolicy):
         if est is None or not len(est.candidates):
             return NO_PLAN
         tail = 1.0 - est.remaining[est.candidates]
-        gain = np.sum(tail * est.fresh, axis=1) * est.step  # E[(R - C)+]: what a copy saves the task
-        copy_time = np.sum(tail * (1.0 - est.fresh), axis=1) * est.step  # E[min(R, C)]
+        fresh = est.fresh_rows(est.candidates)
+        gain = np.sum(tail * fresh, axis=1) * est.step  # E[(R - C)+]: what a copy saves the task
+        copy_time = np.sum(tail * (1.0 - fresh), axis=1) * est.step  # E[min(R, C)]
         extra = copy_time - gain + 0.5 * min(self.checkpoint_interval, job.spacing)
         order = np.argsort(-gain, kind="stable")
         held: dict[str, HoldKind] = {}
@@ -356,7 +369,7 @@ class Speculate(MitigationPolicy):
             order = order[:free]
         if len(order) == 0:
             return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
-        with_copy = 1.0 - tail[order] * (1.0 - est.fresh)
+        with_copy = 1.0 - tail[order] * (1.0 - (fresh if fresh.ndim == 1 else fresh[order]))
         change = np.log(np.maximum(with_copy, TINY)) - est.log_cdf[est.candidates[order]]
         ends = np.sum(1.0 - np.exp(est.all_done + np.cumsum(change, axis=0)), axis=1) * est.step
         savings = est.expected_end - ends
@@ -441,11 +454,14 @@ class MantriDuplicate(Speculate):
         est = _estimate(job, at, self.grid_points, self.stuck_prior)
         if est is None or not len(est.candidates):
             return NO_PLAN
-        copy_density = np.diff(np.r_[0.0, est.fresh])
         outlasts = np.array(
             [1.0 - np.interp(2.0 * est.grid, est.grid, est.remaining[i], right=1.0) for i in est.candidates]
         )
-        success = outlasts @ copy_density  # P(R > 2 C)
+        fresh = est.fresh_rows(est.candidates)
+        if fresh.ndim == 1:
+            success = outlasts @ np.diff(np.r_[0.0, fresh])  # P(R > 2 C)
+        else:
+            success = np.sum(outlasts * np.diff(fresh, axis=1, prepend=0.0), axis=1)
         order = np.flatnonzero(success > self.delta)
         order = order[np.argsort(-success[order], kind="stable")]
         if self.machines is not None:
@@ -464,6 +480,7 @@ class _Estimates:
     remaining: FloatArray
     """P(remaining <= r) per running task (rows) and grid point, its copy (if any) included."""
     fresh: FloatArray
+    """P(a copy's latency <= r): one row for every task, or a row per task (`scaled`)."""
     log_cdf: FloatArray
     all_done: FloatArray
     expected_end: float
@@ -472,10 +489,20 @@ class _Estimates:
     work: float
     candidates: IntArray
     """Rows of tasks that may be copied (never copied before)."""
+    scaled: bool = False
+    """Whether times are scaled by each task's input (`_input_scales`)."""
+
+    def fresh_rows(self, rows: IntArray) -> FloatArray:
+        """A copy's latency CDF for those rows: the shared row, or theirs."""
+        return self.fresh if self.fresh.ndim == 1 else self.fresh[rows]
 
 
 def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Estimates | None:
-    """The survival estimates behind a plan, or None before the job has a finished and a running task."""
+    """The survival estimates behind a plan, or None before the job has a finished and a running task.
+
+    Where the job's inputs explain its latencies (`_input_scales`), the curve is of latency per unit
+    of input scale, and each task's times are read on its own scale: a task with twice the input is
+    expected to take twice as long, and so is its copy."""
     if not job.finished or not job.running:
         return None
     ids = sorted(job.running)
@@ -483,22 +510,40 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
     at_least = np.array([job.running[t].at_least for t in ids], dtype=np.float64)
     probability = np.array([job.running[t].probability for t in ids], dtype=np.float64)
     threshold = np.array([job.running[t].threshold for t in ids], dtype=np.float64)
-    survival = LatencySurvival(np.fromiter(job.finished.values(), dtype=np.float64), elapsed, stuck_prior)
-    span = max(float(at_least.max()), survival.last_time) + 8.0 * survival.tail_scale
-    grid = np.linspace(0.0, span, grid_points)
+    finished = np.fromiter(job.finished.values(), dtype=np.float64)
+    scales = _input_scales(job, ids)
+    if scales is None:
+        survival = LatencySurvival(finished, elapsed, stuck_prior)
+        span = max(float(at_least.max()), survival.last_time) + 8.0 * survival.tail_scale
+        grid = np.linspace(0.0, span, grid_points)
+        remaining = survival.remaining_cdf(elapsed, at_least, grid, probability, threshold)
+        fresh, task_grid, scale = survival.fresh_cdf(grid), grid, None
+        work_units = float(len(finished) + len(ids))
+    else:
+        finished_scale, scale = scales
+        survival = LatencySurvival(finished / finished_scale, elapsed / scale, stuck_prior)
+        top = float(scale.max())
+        span = max(float(at_least.max()), survival.last_time * top) + 8.0 * survival.tail_scale * top
+        grid = np.linspace(0.0, span, grid_points)
+        task_grid = grid[None, :] / scale[:, None]
+        remaining = survival.remaining_cdf(
+            elapsed / scale, at_least / scale, task_grid, probability, threshold / scale
+        )
+        fresh = 1.0 - survival.sf(task_grid)
+        work_units = float(finished_scale.sum() + scale.sum())
     step = float(grid[1] - grid[0])
-    remaining = survival.remaining_cdf(elapsed, at_least, grid, probability, threshold)
     for row, task_id in enumerate(ids):
         race = job.races.get(task_id)
         if race is not None:  # the copy has run (at - started) and not finished
-            ran = at - race.started
-            copy_cdf = 1.0 - survival.sf(ran + grid) / max(float(survival.sf(np.array(ran))), TINY)
+            ran = (at - race.started) / (1.0 if scale is None else scale[row])
+            row_grid = task_grid if scale is None else task_grid[row]
+            copy_cdf = 1.0 - survival.sf(ran + row_grid) / max(float(survival.sf(np.array(ran))), TINY)
             remaining[row] = 1.0 - (1.0 - remaining[row]) * (1.0 - copy_cdf)
     log_cdf = np.log(np.maximum(remaining, TINY))
     all_done = log_cdf.sum(axis=0)
     expected_end = float(np.sum(1.0 - np.exp(all_done)) * step)
     completion = max(at - job.first_start, 0.0) + expected_end
-    work = (len(job.finished) + len(job.running)) * survival.mean()
+    work = work_units * survival.mean()
     if completion <= 0 or work <= 0:
         return None
     candidates = np.array(
@@ -509,11 +554,62 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
         grid,
         step,
         remaining,
-        survival.fresh_cdf(grid),
+        fresh,
         log_cdf,
         all_done,
         expected_end,
         completion,
         work,
         candidates,
+        scaled=scale is not None,
     )
+
+
+MIN_SCALED = 5
+"""Finished tasks with a known input a job needs before its inputs may scale its times."""
+MIN_INPUT_RANK_CORRELATION = 0.5
+"""How closely the finished tasks' latencies must follow their inputs (Spearman's rho) for the
+inputs to scale a job's times; below it, latency is not a matter of input (compute-bound tasks, a
+source whose "input" is a task's arguments only)."""
+
+
+def _input_scales(job: _Job, ids: Sequence[str]) -> tuple[FloatArray, FloatArray] | None:
+    """Each finished and running (``ids``) task's input over the finished tasks' median input, or
+    None unless every running task's input is known, ``MIN_SCALED`` finished ones' are, and their
+    latencies follow their inputs (Mantri, OSDI'10 §4.2: a copy reads the same input, so a task with
+    more of it is slow on any machine, and copying it saves nothing)."""
+    if len(job.inputs) < MIN_SCALED or any(t not in job.inputs for t in ids):
+        return None
+    known = [t for t in job.finished if t in job.inputs]
+    if len(known) < MIN_SCALED:
+        return None
+    sizes = np.array([job.inputs[t] for t in known], dtype=np.float64)
+    latencies = np.array([job.finished[t] for t in known], dtype=np.float64)
+    if not np.all(sizes > 0) or np.ptp(sizes) == 0 or np.ptp(latencies) == 0:
+        return None
+    if _rank_correlation(sizes, latencies) < MIN_INPUT_RANK_CORRELATION:
+        return None
+    median = float(np.median(sizes))
+    finished_scale = np.array([job.inputs.get(t, median) / median for t in job.finished], dtype=np.float64)
+    running_scale = np.array([max(job.inputs[t], TINY) / median for t in ids], dtype=np.float64)
+    return finished_scale, running_scale
+
+
+def _rank_correlation(x: FloatArray, y: FloatArray) -> float:
+    """Spearman's rho (average ranks for ties)."""
+    rx, ry = _ranks(x), _ranks(y)
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(x: FloatArray) -> FloatArray:
+    """1-based ranks, ties given their average rank."""
+    _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+    average = np.cumsum(counts) - (counts - 1) / 2.0
+    return np.asarray(average[inverse], dtype=np.float64)
+
+
+def _copy_ends_first(est: _Estimates, row: int) -> float:
+    """P(a copy started now ends before the task's running attempt): E over the copy's latency C of
+    P(R > C)."""
+    fresh = est.fresh if est.fresh.ndim == 1 else est.fresh[row]
+    return float(np.sum((1.0 - est.remaining[row]) * np.diff(fresh, prepend=0.0)))

@@ -83,7 +83,8 @@ class LatencySurvival:
         probability: FloatArray | None = None,
         threshold: FloatArray | None = None,
     ) -> FloatArray:
-        """P(remaining <= r) for each task (rows) at each ``grid`` r (columns).
+        """P(remaining <= r) for each task (rows) at each ``grid`` r (columns); ``grid`` is one row
+        for every task, or a row per task.
 
         A task that has run ``elapsed`` and whose latency is known to be at least ``at_least`` (>=
         elapsed) has latency distributed as S conditioned on L > at_least, or is stuck (never ends by
@@ -102,8 +103,9 @@ class LatencySurvival:
         if not has_prediction.any():
             return beyond
         rows = np.flatnonzero(has_prediction)
-        high = self._beyond(elapsed[rows], thr[rows], grid)
-        low = self._between(elapsed[rows], bound[rows], thr[rows], grid)
+        grid_rows = grid if np.ndim(grid) == 1 else np.asarray(grid)[rows]
+        high = self._beyond(elapsed[rows], thr[rows], grid_rows)
+        low = self._between(elapsed[rows], bound[rows], thr[rows], grid_rows)
         weight = np.clip(p[rows], 0.0, 1.0)[:, None]
         out = beyond.copy()
         out[rows] = weight * high + (1.0 - weight) * low
@@ -114,7 +116,7 @@ class LatencySurvival:
         e = elapsed[:, None]
         b = bound[:, None]
         base = self.sf(b)
-        latency = e + grid[None, :]
+        latency = e + _rows(grid)
         ratio = self.sf(latency) / np.maximum(base, 1e-300)
         cdf = np.where(latency < b, 0.0, 1.0 - np.minimum(ratio, 1.0))
         # Where the curve has no mass left past ``bound``, fall back on the tail's shape from there.
@@ -131,7 +133,7 @@ class LatencySurvival:
         e = elapsed[:, None]
         s_low = self.sf(low[:, None])
         s_high = self.sf(high[:, None])
-        latency = e + grid[None, :]
+        latency = e + _rows(grid)
         mass = s_low - s_high
         with np.errstate(invalid="ignore", divide="ignore"):
             cdf = (s_low - np.maximum(self.sf(latency), s_high)) / mass
@@ -143,3 +145,9 @@ class LatencySurvival:
     def fresh_cdf(self, grid: FloatArray) -> FloatArray:
         """P(a fresh copy's latency <= r) at each ``grid`` r."""
         return np.asarray(1.0 - self.sf(grid), dtype=np.float64)
+
+
+def _rows(grid: FloatArray) -> FloatArray:
+    """``grid`` as rows: one row shared by every task, or already a row per task."""
+    grid = np.asarray(grid, dtype=np.float64)
+    return grid[None, :] if grid.ndim == 1 else grid
