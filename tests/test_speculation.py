@@ -504,3 +504,12 @@ def test_inputs_that_do_not_explain_latency_change_nothing() -> None:
     input_job(blind, inputs=False)
     verdicts = [verdict(t, 100.0, e, threshold=20.0, probability=0.9) for t, (e, _) in running.items()]
     assert copies(told, running) == [a.task_id for a in blind.on_checkpoint("job", 100.0, verdicts)]
+
+
+def test_a_probability_of_a_latency_only_a_hang_reaches_on_the_tasks_scale_does_not_buy_a_copy() -> None:
+    """A task with a fifth of the median input, 2 s into its expected 3 s, flagged p = 0.9 against the
+    job's 20 s threshold: on its own scale only a hang takes 20 s, which the predictor, learning on raw
+    latencies, did not mean."""
+    policy = Speculate(checkpoint_interval=5.0)
+    input_job(policy)
+    assert copies(policy, {"small": (2.0, 0.25), "peer": (2.0, 1.0)}) == []

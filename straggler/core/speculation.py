@@ -526,8 +526,13 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
         span = max(float(at_least.max()), survival.last_time * top) + 8.0 * survival.tail_scale * top
         grid = np.linspace(0.0, span, grid_points)
         task_grid = grid[None, :] / scale[:, None]
+        # A threshold past the curve's last finish on the task's own scale is one only a hang reaches:
+        # the predictor's probability of it (learnt on raw latencies, where its input makes a task
+        # long) is not a probability of hanging, so it is left out there; the elapsed time still is.
+        task_threshold = threshold / scale
+        task_threshold = np.where(task_threshold <= survival.last_time, task_threshold, np.nan)
         remaining = survival.remaining_cdf(
-            elapsed / scale, at_least / scale, task_grid, probability, threshold / scale
+            elapsed / scale, at_least / scale, task_grid, probability, task_threshold
         )
         fresh = 1.0 - survival.sf(task_grid)
         work_units = float(finished_scale.sum() + scale.sum())
