@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
 import tempfile
@@ -360,6 +361,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--logs", type=Path, default=None, help="keep the stages' logs here (default: deleted at the end)"
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --json (written after every run) and run only the others",
+    )
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     policies = [p for p in args.policies.split(",") if p]
@@ -375,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from distributed import Client, LocalCluster
 
     cloudpickle.register_pickle_by_value(dask_work)  # the workers need not import it
-    runs: list[Run] = []
+    runs: list[Run] = resumed(args)
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="dask-jobs-") as tmp,
@@ -390,24 +396,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"cluster {cluster.scheduler_address}, {WORKERS} workers x 1 thread; broker {bootstrap}",
             flush=True,
         )
-        for rep in range(args.reps):
-            runs.append(one_run(client, None, "clean", "alone", rep, args, tmp))
+        done = {(r.scenario, r.policy, r.rep) for r in runs}
+
+        def measure(pipeline: Pipeline | None, scenario: str, policy: str) -> None:
+            for rep in range(args.reps):
+                if (scenario, policy, rep) not in done:
+                    runs.append(one_run(client, pipeline, scenario, policy, rep, args, tmp))
+                    save(runs, args, started)  # a crash later keeps what was measured (--resume)
+
+        measure(None, "clean", "alone")
         for policy in policies:
             if policy == "alone":
                 for scenario in scenarios:
-                    runs += [
-                        one_run(client, None, scenario, policy, rep, args, tmp) for rep in range(args.reps)
-                    ]
+                    measure(None, scenario, policy)
+                continue
+            if all((scenario, policy, rep) in done for scenario in scenarios for rep in range(args.reps)):
                 continue
             logs = Path(tmp) if args.logs is None else args.logs
             logs.mkdir(parents=True, exist_ok=True)
             pipeline = Pipeline(bootstrap, cluster.scheduler_address, policy, args.interval, logs)
             with pipeline.running():
                 for scenario in scenarios:
-                    runs += [
-                        one_run(client, pipeline, scenario, policy, rep, args, tmp)
-                        for rep in range(args.reps)
-                    ]
+                    measure(pipeline, scenario, policy)
     rows = summarise(runs)
     header = ["scenario", "policy", "done", "JCT mean", "sd", "p99", "recovered", "gross", "won/lost"]
     print(
@@ -425,16 +435,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     if rows:
         print(f"clean JCT {rows[0]['clean_mean']:.1f} s; wall time {time.monotonic() - started:.0f} s")
-    figures = {
+    write_outputs(figures(runs, args, started, complete=True), args.json, plot(rows))
+    return 0
+
+
+def figures(runs: list[Run], args: argparse.Namespace, started: float, complete: bool) -> dict[str, Any]:
+    """What ``--json`` keeps: the settings, every run, and the summary rows of them."""
+    return {
         "machine": machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "workers": WORKERS,
-        "rows": rows,
+        "complete": complete,
+        "wall_seconds": time.monotonic() - started,
+        "rows": summarise(runs),
         "runs": [asdict(r) for r in runs],
         "repo": str(REPO),
     }
-    write_outputs(figures, args.json, plot(rows))
-    return 0
+
+
+def save(runs: list[Run], args: argparse.Namespace, started: float) -> None:
+    """The runs so far, as ``--json`` (no plot: that comes with the last run)."""
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        kept = figures(runs, args, started, complete=False)
+        args.json.write_text(json.dumps(kept, indent=2, default=float))
+
+
+def resumed(args: argparse.Namespace) -> list[Run]:
+    """The runs an earlier, interrupted run of the same settings kept in ``--json``."""
+    if not args.resume or args.json is None or not args.json.exists():
+        return []
+    kept = json.loads(args.json.read_text())
+    mine = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    same = ("reps", "tasks", "interval", "bound", "settle")
+    if any(kept["settings"].get(k) != mine[k] for k in same):
+        raise SystemExit(f"error: {args.json} was measured with other settings; run without --resume")
+    return [Run(**r) for r in kept["runs"]]
 
 
 if __name__ == "__main__":

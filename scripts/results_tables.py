@@ -289,6 +289,22 @@ def run_cost() -> Iterator[str]:
         )
 
 
+def dask() -> Iterator[str]:
+    """Real tasks on a Dask `LocalCluster`, each fault scenario under each policy: completion time
+    (mean, sd, p99 over repetitions), the share of the straggler's cost recovered, gross extra worker
+    time, copies won/lost (docs/results/dask/dask_jobs.json, written by bench/dask_jobs.py)."""
+    figures = json.loads((RESULTS / "dask" / "dask_jobs.json").read_text())
+    yield "| scenario | policy | finished | JCT mean (sd), s | p99, s | recovered | gross | copies won/lost |"
+    yield "|---|---|---|---|---|---|---|---|"
+    for r in figures["rows"]:
+        recovered = "–" if r["recovered"] is None or math.isnan(r["recovered"]) else f"{r['recovered']:.0%}"
+        yield (
+            f"| {r['scenario']} | {r['policy']} | {r['finished']}/{r['reps']} | {r['jct_mean']:.1f} "
+            f"({r['jct_std']:.1f}) | {r['jct_p99']:.1f} | {recovered} | {pct(r['gross'])} "
+            f"| {r['copies_won']}/{r['copies_lost']} |"
+        )
+
+
 TABLES: dict[str, Callable[[], Iterator[str]]] = {
     "headline": headline,
     "shipped": shipped,
@@ -300,6 +316,7 @@ TABLES: dict[str, Callable[[], Iterator[str]]] = {
     "others": others,
     "run-cost": run_cost,
     "sample": sample,
+    "dask": dask,
 }
 
 

@@ -495,6 +495,12 @@ def test_spark_floor_leaves_a_task_a_copy_of_which_cannot_end_first() -> None:
     policy = Speculate(checkpoint_interval=5.0, machine_price=1e6)  # the cost rule buys nothing
     input_job(policy)
     assert copies(policy, {"big-input": (30.0, 4.0), "slow-machine": (30.0, 1.0)}) == ["slow-machine"]
+    spark = Spark(SparkRule(1.5, 0.75))  # the rule alone is Spark's, blind to inputs: it copies both
+    input_job(spark)
+    assert copies(spark, {"big-input": (30.0, 4.0), "slow-machine": (30.0, 1.0)}) == [
+        "big-input",
+        "slow-machine",
+    ]
 
 
 def test_inputs_that_do_not_explain_latency_change_nothing() -> None:

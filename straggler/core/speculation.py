@@ -223,6 +223,9 @@ class Speculate(MitigationPolicy):
 
     unplanned: HoldKind = "no_estimate"
     """Why a flagged task the plan did not weigh gets no copy (`holds`)."""
+    floor_reads_inputs = True
+    """Whether the floor copies only a task whose copy is expected to end first, where the job's
+    inputs scale its times (`_input_scales`)."""
 
     def _job(self, job_id: str) -> _Job:
         return self._jobs.setdefault(job_id, _Job())
@@ -339,7 +342,8 @@ class Speculate(MitigationPolicy):
             return plan
         chosen = set(plan.tasks)
         extra = [t for t in self.floor.due(job, at) if t not in chosen]
-        est = _estimate(job, at, self.grid_points, self.stuck_prior) if extra and job.inputs else None
+        reads_inputs = self.floor_reads_inputs and extra and job.inputs
+        est = _estimate(job, at, self.grid_points, self.stuck_prior) if reads_inputs else None
         if est is not None and est.scaled:  # a copy that reads the same input as a slow task is as slow
             row = {task_id: i for i, task_id in enumerate(est.ids)}
             extra = [t for t in extra if _copy_ends_first(est, row[t]) > 0.5]
@@ -419,6 +423,7 @@ class Spark(Speculate):
         self.name = name if machines is None else f"{name}:{machines}"
 
     unplanned: HoldKind = "rule"
+    floor_reads_inputs = False  # Spark's rule as Spark runs it, blind to a task's input
 
     def plan(self, job: _Job, at: float) -> CopyPlan:
         return NO_PLAN
