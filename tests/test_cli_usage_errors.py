@@ -169,6 +169,7 @@ def test_every_command_takes_verbose(command: str) -> None:
 
 
 @pytest.mark.broker
+@pytest.mark.scenario  # a watchdog and its spawned consumer, end to end: about 30 s
 def test_mitigate_verbose_reaches_the_consumer_under_the_watchdog(
     kafka_bootstrap: str, fresh_topic_prefix: str
 ) -> None:

@@ -86,6 +86,7 @@ def test_feature_ablation_removes_exactly_the_named_columns() -> None:
         trace.without_features(["nope"])
 
 
+@pytest.mark.scenario  # the whole command, end to end, on three real jobs: about 35 s
 def test_evaluate_command_on_the_bundled_real_sample(tmp_path: Path) -> None:
     out = tmp_path / "eval"
     code = main(
