@@ -245,6 +245,7 @@ def one_run(
     tmp: str,
 ) -> Run:
     seconds = planned_seconds(args.tasks, seed=1000 + rep)
+    fresh_cluster_state(client)  # before naming the slow worker: a restarted one may be back only now
     fault = None
     if scenario == "input-skew":  # the job's longest task reads SLOWDOWN x the input, and takes as long
         seconds[int(np.argmax(seconds))] *= SLOWDOWN
@@ -256,7 +257,6 @@ def one_run(
             slow_worker=worker_names[0],
             marker=str(Path(tmp) / f"marker-{uuid.uuid4().hex[:8]}"),
         )
-    fresh_cluster_state(client)
     inputs = [write_input(tmp, i, s) for i, s in enumerate(seconds)]
     before = pipeline.executor_counters() if pipeline else {}
     try:

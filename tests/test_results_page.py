@@ -1,5 +1,6 @@
-"""docs/results.md's tables are what `scripts/results_tables.py` renders from the kept summaries:
-a hand edit of a figure, or a summary changed without re-rendering the page, fails here."""
+"""docs/results.md's and docs/results-dask.md's tables are what `scripts/results_tables.py` renders
+from the kept summaries: a hand edit of a figure, or a summary changed without re-rendering the page,
+fails here."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_the_results_page_is_what_its_script_renders() -> None:
+@pytest.mark.parametrize("page", ["docs/results.md", "docs/results-dask.md"])
+def test_the_results_page_is_what_its_script_renders(page: str) -> None:
     done = subprocess.run(
-        [sys.executable, "scripts/results_tables.py", "--check", "docs/results.md"],
+        [sys.executable, "scripts/results_tables.py", "--check", page],
         cwd=REPO,
         capture_output=True,
         text=True,
