@@ -243,6 +243,9 @@ class MitigationState:
         size = event.features.get(INPUT_FEATURE)
         if size is not None:  # a task's input is its own, whenever told: no event-time alignment needed
             self.policy.on_task_input(event.job_id, event.task_id, size)
+        self.policy.on_task_machine(
+            event.job_id, event.task_id, event.attempt, event.machine_id
+        )  # so is its machine
         ended = event.status == "finished" and event.latency is not None
         if ended or event.status in ("failed", "killed"):
             run = (event.task_id, event.attempt)

@@ -501,11 +501,16 @@ def run_policy(
     issued: set[str] = set()
     job_id = sim.trace.job_id
     task_ids = sim.trace.task_ids
+    machine_ids = sim.trace.machine_ids  # every attempt of a task reports its machine, as replayed
+    index = {task_id: i for i, task_id in enumerate(task_ids)}
     for step in steps(sim, interval):
         t = step.at
         decisions = verdicts(step)
+        for d in decisions:
+            policy.on_task_machine(job_id, d.task_id, d.attempt, machine_ids[index[d.task_id]])
         for i in finish_order(sim, step.finished):  # in the stream's order: the finishes, then other ends
             attempt, start = sim.finish_of(i)
+            policy.on_task_machine(job_id, task_ids[i], attempt, machine_ids[i])
             policy.on_task_finished(
                 job_id, task_ids[i], float(sim.end[i]), float(sim.end[i] - start), attempt
             )

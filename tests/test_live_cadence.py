@@ -7,7 +7,7 @@ from test_abandonment import live_started, report
 from test_agent_handler import Worker
 
 from schemas import JobEvent, TaskCheckpoint
-from straggler.core.live_cadence import FLOOR_S, TASK_SHARE, due, evaluation_interval
+from straggler.core.live_cadence import FLOOR_S, TASK_SHARE, TIMER_SLACK_S, due, evaluation_interval
 
 
 def test_a_job_is_evaluated_every_tenth_of_its_median_task_within_a_floor_and_the_longest() -> None:
@@ -16,7 +16,20 @@ def test_a_job_is_evaluated_every_tenth_of_its_median_task_within_a_floor_and_th
     assert evaluation_interval(120.0, longest=30.0) == TASK_SHARE * 120.0
     assert evaluation_interval(3600.0, longest=30.0) == 30.0  # no more evaluations than --live-interval
     assert evaluation_interval(4.0, longest=0.5) == 0.5  # an operator's shorter --live-interval wins
-    assert due(None, 5.0, 30.0) and not due(0.0, 29.9, 30.0) and due(0.0, 30.0, 30.0)
+    assert due(None, 5.0, 30.0) and not due(0.0, 29.8, 30.0) and due(0.0, 30.0, 30.0)
+
+
+def test_a_timer_that_fires_a_little_early_still_evaluates_a_job_due_each_tick() -> None:
+    """The worker's 1 s timer fires a few milliseconds early now and then: a job due every second must
+    not wait for the next tick (measured: a Dask job of 1 s tasks was evaluated every 2 s)."""
+    ticks = [1.0, 1.998, 3.0, 3.999, 5.0]
+    last, evaluated = 0.0, []
+    for now in ticks:
+        if due(last, now, FLOOR_S):
+            last = now
+            evaluated.append(now)
+    assert evaluated == ticks
+    assert due(0.0, FLOOR_S - TIMER_SLACK_S, FLOOR_S) and not due(0.0, FLOOR_S / 2, FLOOR_S)
 
 
 def ticked(worker: Worker) -> list[bytes]:

@@ -11,7 +11,17 @@ import pytest
 
 from straggler.core.online import Decision
 from straggler.core.policy_spec import make_policy
-from straggler.core.speculation import MantriDuplicate, Spark, SparkRule, Speculate
+from straggler.core.speculation import (
+    MACHINE_SPREAD,
+    MIN_PEERS,
+    MantriDuplicate,
+    Spark,
+    SparkRule,
+    Speculate,
+    _Job,
+    _machine_factors,
+    _Running,
+)
 from straggler.core.survival import LatencySurvival
 
 
@@ -519,3 +529,101 @@ def test_a_probability_of_a_latency_only_a_hang_reaches_on_the_tasks_scale_does_
     policy = Speculate(checkpoint_interval=5.0)
     input_job(policy)
     assert copies(policy, {"small": (2.0, 0.25), "peer": (2.0, 1.0)}) == []
+
+
+# ---------------------------------------------------------------- a task's machine (LATE's slow node)
+
+
+def machine_job(policy: Speculate, *, machines: bool = True, slow_finishes: int = 2) -> None:
+    """A job whose 40 tasks took 10 s on machines m0-m9, and ``slow_finishes`` 40 s on machine "slow"."""
+    rng = np.random.default_rng(5)
+    finishes = [(f"m{i % 10}", 10.0 * rng.uniform(0.95, 1.05)) for i in range(40)]
+    finishes += [("slow", 40.0 * rng.uniform(0.95, 1.05)) for _ in range(slow_finishes)]
+    for i, (machine, latency) in enumerate(finishes):
+        if machines:
+            policy.on_task_machine("job", f"done-{i}", 0, machine)
+        policy.on_task_finished("job", f"done-{i}", float(latency), float(latency))
+
+
+def copied_on_machines(
+    policy: Speculate, running: dict[str, tuple[float, str]], machines: bool, probability: float = math.nan
+) -> list[str]:
+    """The tasks copied at 100 s among ``running`` (task -> (elapsed, machine)), each given the
+    predictor's ``probability`` of passing 20 s (NaN: a method that gives none)."""
+    for task_id, (_, machine) in running.items():
+        if machines:
+            policy.on_task_machine("job", task_id, 0, machine)
+    verdicts = [
+        verdict(t, 100.0, e, threshold=20.0, probability=probability) for t, (e, _) in running.items()
+    ]
+    return [a.task_id for a in policy.on_checkpoint("job", 100.0, verdicts) if a.action == "duplicate"]
+
+
+@pytest.mark.parametrize("probability", [math.nan, 0.02])
+@pytest.mark.parametrize("machines", [True, False])
+def test_a_task_just_started_on_a_machine_its_job_found_slow_is_copied_at_once(
+    machines: bool, probability: float
+) -> None:
+    """5 s into its run, a task looks like any other, unless the policy knows that its machine took 4x
+    as long as the others over this job's tasks: then it is expected to run 4x long (a factor shrunk to
+    a little by the job's spread), a copy elsewhere 1x, and the copy pays for itself."""
+    running = {"on-slow": (5.0, "slow"), "on-usual": (5.0, "m1")}
+    policy = Speculate(checkpoint_interval=5.0, floor=None)
+    machine_job(policy, machines=machines)
+    # a predictor that sees no more than the task's features says "probably not" (p = 0.02 of passing
+    # 20 s, where 2 of the job's 42 tasks did): the odds of what the machine adds multiply its own
+    # (`_with_machine_evidence`), they do not lose to it
+    expected = ["on-slow"] if machines else []
+    assert copied_on_machines(policy, running, machines, probability) == expected
+
+
+def test_a_machine_is_judged_only_against_enough_tasks_finished_elsewhere() -> None:
+    """With fewer than `MIN_PEERS` tasks finished on other machines there is no usual speed to compare a
+    machine's with, and its next task is read on the job's curve as any other."""
+    policy = Speculate(checkpoint_interval=5.0, floor=None)
+    for i, (machine, latency) in enumerate([("m0", 10.0), ("m1", 10.5), ("slow", 40.0), ("slow", 41.0)]):
+        policy.on_task_machine("job", f"done-{i}", 0, machine)
+        policy.on_task_finished("job", f"done-{i}", latency, latency)
+    assert copied_on_machines(policy, {"on-slow": (5.0, "slow")}, machines=True) == []
+    assert MIN_PEERS == 3
+
+
+def test_machine_factors_are_shrunk_by_the_jobs_own_spread_of_latencies() -> None:
+    """Log factor = the machine's mean excess over the median elsewhere, over (n + spread^2 /
+    MACHINE_SPREAD^2): a job whose latencies vary little learns a machine's speed from one finish."""
+    job = _Job()
+    finishes = [("a", 1.0), ("a", 2.0), ("b", 1.0), ("b", 2.0), ("c", 1.5), ("slow", 6.0)]
+    for i, (machine, latency) in enumerate(finishes):
+        job.machines[(f"t{i}", 0)] = machine
+        job.finished[f"t{i}"] = latency
+    job.running["next"] = _Running(0.0, 0, 0.0)
+    job.machines[("next", 0)] = "slow"
+    latencies = np.fromiter(job.finished.values(), dtype=float)
+    logs = np.log(latencies)
+    prior = (1.4826 * np.median(np.abs(logs - np.median(logs))) / MACHINE_SPREAD) ** 2
+    running = _machine_factors(job, ["next"], latencies)
+    assert running == pytest.approx([math.exp(math.log(6.0 / 1.5) / (1 + prior))])
+    assert 0 < prior < 1
+    job.machines[("next", 0)] = "never-seen"  # nothing finished there: nothing to say
+    assert _machine_factors(job, ["next"], latencies) is None
+
+
+def test_an_original_its_copy_finished_before_tells_how_slow_its_machine_is() -> None:
+    """A machine's first task was copied and the copy won: the machine never finished one, but its
+    attempt ran 40 s where the job's take 10, so its next task is expected slow and copied at once."""
+    policy = Speculate(checkpoint_interval=5.0, floor=None)
+    machine_job(policy, slow_finishes=0)
+    policy.on_task_machine("job", "first", 0, "slow")
+    hung = [verdict("first", 100.0, 60.0, threshold=20.0)]  # 60 s of a job of 10 s tasks: stuck
+    assert [a.task_id for a in policy.on_checkpoint("job", 100.0, hung)] == ["first"]
+    policy.on_task_machine("job", "first", 1, "m3")
+    policy.on_task_finished("job", "first", 110.0, 10.0, attempt=1)  # the copy, 10 s later
+    running = {"second": (5.0, "slow"), "peer": (5.0, "m1")}
+    assert copied_on_machines(policy, running, machines=True) == ["second"]
+    elsewhere = Speculate(checkpoint_interval=5.0, floor=None)  # the same, on another machine
+    machine_job(elsewhere, slow_finishes=0)
+    elsewhere.on_task_machine("job", "first", 0, "other")
+    elsewhere.on_checkpoint("job", 100.0, hung)
+    elsewhere.on_task_machine("job", "first", 1, "m3")
+    elsewhere.on_task_finished("job", "first", 110.0, 10.0, attempt=1)
+    assert copied_on_machines(elsewhere, running, machines=True) == []

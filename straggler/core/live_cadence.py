@@ -37,7 +37,13 @@ def median_finished_latency(state: JobState) -> float | None:
     return float(np.median(latency)) if len(latency) else None
 
 
+TIMER_SLACK_S = 0.1 * FLOOR_S
+"""How early a timer may fire and still count as on time: the worker's timer comes a few
+milliseconds early now and then, and a job due each tick would otherwise wait for the next one (a
+job of 1 s evaluations was evaluated every 2 s)."""
+
+
 def due(last_evaluation: float | None, now: float, interval: float) -> bool:
     """Is a job last evaluated at ``last_evaluation`` (its start, before its first evaluation; None:
-    not known) due at ``now``?"""
-    return last_evaluation is None or now - last_evaluation >= interval
+    not known) due at ``now`` (within `TIMER_SLACK_S`)?"""
+    return last_evaluation is None or now - last_evaluation >= interval - TIMER_SLACK_S

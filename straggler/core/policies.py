@@ -82,6 +82,9 @@ class MitigationPolicy(ABC):
     def on_task_input(self, job_id: str, task_id: str, size: float) -> None:  # noqa: B027
         """The task's input size, where its source reports one (`schemas.INPUT_FEATURE`)."""
 
+    def on_task_machine(self, job_id: str, task_id: str, attempt: int, machine: str) -> None:  # noqa: B027
+        """The machine an attempt of the task runs (or ran) on, as its source names it."""
+
     def on_job_ended(self, job_id: str) -> None:  # noqa: B027
         """The job is over: drop its state."""
 

@@ -50,6 +50,7 @@ class _Race:
     original: int
     copy: int
     started: float
+    original_start: float = math.nan
 
 
 @dataclass
@@ -74,6 +75,12 @@ class _Job:
     """Seconds between the job's last two checkpoints (inf: fewer than two yet)."""
     inputs: dict[str, float] = field(default_factory=dict)
     """Tasks' input sizes, where the source reports them (`Speculate.on_task_input`)."""
+    machines: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(task, attempt) -> the machine it runs or ran on, where the source names it."""
+    finished_attempt: dict[str, int] = field(default_factory=dict)
+    """Which attempt of each finished task finished it."""
+    outrun: list[tuple[str, int, float]] = field(default_factory=list)
+    """(task, attempt, seconds it ran) of originals a copy finished before: at least that slow."""
 
 
 @dataclass(frozen=True)
@@ -235,18 +242,27 @@ class Speculate(MitigationPolicy):
     ) -> None:
         job = self._job(job_id)
         job.finished.setdefault(task_id, latency)
+        job.finished_attempt.setdefault(task_id, attempt)
         job.first_start = min(job.first_start, at - latency)
         job.running.pop(task_id, None)
         race = job.races.pop(task_id, None)
         if race is not None:
             loser = race.copy if attempt == race.original else race.original
             job.kills.append((task_id, loser, at))
+            if loser == race.original and math.isfinite(race.original_start):
+                job.outrun.append((task_id, loser, at - race.original_start))
 
     def on_task_input(self, job_id: str, task_id: str, size: float) -> None:
         """The task reads ``size`` of input (any unit, the same for the whole job; a copy reads the
         same): where the job's inputs explain its latencies, a copy's time is scaled by its task's
         input (`_input_scales`), as Mantri prices a copy."""
         self._job(job_id).inputs.setdefault(task_id, size)
+
+    def on_task_machine(self, job_id: str, task_id: str, attempt: int, machine: str) -> None:
+        """Where an attempt runs: a job's tasks that finished slow on a machine say its next one there
+        will be slow too, and that a copy elsewhere will not (`_machine_factors`)."""
+        if machine:
+            self._job(job_id).machines[(task_id, attempt)] = machine
 
     def on_task_gone(self, job_id: str, task_id: str, at: float, attempt: int = 0) -> None:
         job = self._job(job_id)
@@ -290,7 +306,7 @@ class Speculate(MitigationPolicy):
         plan = self._with_floor(job, at, self.plan(job, at))
         for task_id in plan.tasks:
             running = job.running[task_id]
-            job.races[task_id] = _Race(running.attempt, running.attempt + 1, at)
+            job.races[task_id] = _Race(running.attempt, running.attempt + 1, at, running.start)
             job.copied.add(task_id)
             if self.floor is not None and task_id in plan.floor_tasks:
                 reason = f"copy: ran {at - running.start:.0f}s, {self.floor.describe(job)}"
@@ -495,7 +511,7 @@ class _Estimates:
     candidates: IntArray
     """Rows of tasks that may be copied (never copied before)."""
     scaled: bool = False
-    """Whether times are scaled by each task's input (`_input_scales`)."""
+    """Whether times are read on each task's own scale (`_input_scales`, `_machine_factors`)."""
 
     def fresh_rows(self, rows: IntArray) -> FloatArray:
         """A copy's latency CDF for those rows: the shared row, or theirs."""
@@ -505,9 +521,11 @@ class _Estimates:
 def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Estimates | None:
     """The survival estimates behind a plan, or None before the job has a finished and a running task.
 
-    Where the job's inputs explain its latencies (`_input_scales`), the curve is of latency per unit
-    of input scale, and each task's times are read on its own scale: a task with twice the input is
-    expected to take twice as long, and so is its copy."""
+    Where the job's inputs explain its latencies (`_input_scales`), or its finished tasks show a
+    running task's machine slow or fast (`_machine_factors`), the curve is of latency per unit of
+    scale, and each task's times are read on its own scale: a task with twice the input is expected
+    to take twice as long, and so is its copy; a task on a machine twice as slow is expected to take
+    twice as long, and its copy, on another machine, not."""
     if not job.finished or not job.running:
         return None
     ids = sorted(job.running)
@@ -516,37 +534,43 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
     probability = np.array([job.running[t].probability for t in ids], dtype=np.float64)
     threshold = np.array([job.running[t].threshold for t in ids], dtype=np.float64)
     finished = np.fromiter(job.finished.values(), dtype=np.float64)
-    scales = _input_scales(job, ids)
-    if scales is None:
+    inputs = _input_scales(job, ids)
+    finished_scale, scale = inputs if inputs is not None else (np.ones(len(finished)), np.ones(len(ids)))
+    machines = _machine_factors(job, ids, finished / finished_scale)
+    if inputs is None and machines is None:
         survival = LatencySurvival(finished, elapsed, stuck_prior)
         span = max(float(at_least.max()), survival.last_time) + 8.0 * survival.tail_scale
         grid = np.linspace(0.0, span, grid_points)
         remaining = survival.remaining_cdf(elapsed, at_least, grid, probability, threshold)
-        fresh, task_grid, scale = survival.fresh_cdf(grid), grid, None
+        fresh, copy_grid, copy_scale = survival.fresh_cdf(grid), grid, None
         work_units = float(len(finished) + len(ids))
     else:
-        finished_scale, scale = scales
+        copy_scale = scale  # a copy reads the same input, on a machine of the job's usual speed
+        if machines is not None:
+            scale = scale * machines
         survival = LatencySurvival(finished / finished_scale, elapsed / scale, stuck_prior)
         top = float(scale.max())
         span = max(float(at_least.max()), survival.last_time * top) + 8.0 * survival.tail_scale * top
         grid = np.linspace(0.0, span, grid_points)
-        task_grid = grid[None, :] / scale[:, None]
         # A threshold past the curve's last finish on the task's own scale is one only a hang reaches:
         # the predictor's probability of it (learnt on raw latencies, where its input makes a task
         # long) is not a probability of hanging, so it is left out there; the elapsed time still is.
         task_threshold = threshold / scale
         task_threshold = np.where(task_threshold <= survival.last_time, task_threshold, np.nan)
+        if machines is not None:
+            probability = _with_machine_evidence(survival, probability, threshold, elapsed, scale, copy_scale)
         remaining = survival.remaining_cdf(
-            elapsed / scale, at_least / scale, task_grid, probability, task_threshold
+            elapsed / scale, at_least / scale, grid[None, :] / scale[:, None], probability, task_threshold
         )
-        fresh = 1.0 - survival.sf(task_grid)
+        copy_grid = grid[None, :] / copy_scale[:, None]
+        fresh = 1.0 - survival.sf(copy_grid)
         work_units = float(finished_scale.sum() + scale.sum())
     step = float(grid[1] - grid[0])
     for row, task_id in enumerate(ids):
         race = job.races.get(task_id)
         if race is not None:  # the copy has run (at - started) and not finished
-            ran = (at - race.started) / (1.0 if scale is None else scale[row])
-            row_grid = task_grid if scale is None else task_grid[row]
+            ran = (at - race.started) / (1.0 if copy_scale is None else copy_scale[row])
+            row_grid = copy_grid if copy_scale is None else copy_grid[row]
             copy_cdf = 1.0 - survival.sf(ran + row_grid) / max(float(survival.sf(np.array(ran))), TINY)
             remaining[row] = 1.0 - (1.0 - remaining[row]) * (1.0 - copy_cdf)
     log_cdf = np.log(np.maximum(remaining, TINY))
@@ -571,7 +595,7 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
         completion,
         work,
         candidates,
-        scaled=scale is not None,
+        scaled=copy_scale is not None,
     )
 
 
@@ -603,6 +627,99 @@ def _input_scales(job: _Job, ids: Sequence[str]) -> tuple[FloatArray, FloatArray
     finished_scale = np.array([job.inputs.get(t, median) / median for t in job.finished], dtype=np.float64)
     running_scale = np.array([max(job.inputs[t], TINY) / median for t in ids], dtype=np.float64)
     return finished_scale, running_scale
+
+
+MACHINE_SPREAD = 1.0
+"""The prior spread (sd of the log) of how much slower or faster than usual a machine runs a job's
+tasks: a machine's factor is shrunk towards 1 as much as the job's own spread of latencies (on their
+input scale) makes its few finishes there uncertain (`_machine_factors`)."""
+MIN_PEERS = 3
+"""Tasks a job must have finished elsewhere before a machine's are compared with them."""
+
+
+def _machine_factors(job: _Job, ids: Sequence[str], latencies: FloatArray) -> FloatArray | None:
+    """How much slower than the job's other machines each running (``ids``) attempt's machine runs
+    the job's tasks; None where no running attempt's machine has run one of them, or all come out 1.
+
+    ``latencies`` are the finished tasks' latencies (``job.finished``'s order) on their input scale. A
+    machine's log factor is the mean log of its finished tasks' latencies (and of the run times of
+    its attempts a copy finished before: a lower bound, taken as it is) over the median of those
+    that finished elsewhere, shrunk towards 0 as a normal mean with the job's own spread of log
+    latencies (robust: from their median absolute deviation) under a prior of spread
+    `MACHINE_SPREAD`: where tasks' times vary little, one slow finish says much about its machine.
+    A slow machine (LATE, OSDI'08) keeps its next task slow, and a copy of it, on another machine, is
+    not. The finished tasks' curve itself is left as it is, slow machines and all: a copy may land
+    on one too, and a job whose every task ran on its own machine must not have its slow finishes
+    explained away."""
+    running_where = [job.machines.get((t, job.running[t].attempt), "") for t in ids]
+    wanted = set(running_where) - {""}
+    if not wanted:
+        return None
+    where = [job.machines.get((t, job.finished_attempt.get(t, 0)), "") for t in job.finished]
+    here_rows: dict[str, list[int]] = {}
+    for row, machine in enumerate(where):
+        if machine in wanted:
+            here_rows.setdefault(machine, []).append(row)
+    # an original a copy finished before ran at least this long (on its input scale) where it ran
+    outrun: dict[str, list[float]] = {}
+    if job.outrun:
+        scale_of = dict(
+            zip(job.finished, np.fromiter(job.finished.values(), dtype=np.float64) / latencies, strict=True)
+        )
+        for task_id, attempt, ran in job.outrun:
+            machine = job.machines.get((task_id, attempt), "")
+            if machine in wanted and task_id in scale_of:
+                outrun.setdefault(machine, []).append(ran / max(float(scale_of[task_id]), TINY))
+    if not here_rows and not outrun:
+        return None
+    log_latency = np.log(np.maximum(latencies, TINY))
+    spread = 1.4826 * float(np.median(np.abs(log_latency - np.median(log_latency))))
+    prior = (spread / MACHINE_SPREAD) ** 2  # typical finishes a machine's estimate is shrunk by
+    factor: dict[str, float] = {}
+    for machine in here_rows.keys() | outrun.keys():
+        rows = here_rows.get(machine, [])
+        elsewhere = np.delete(log_latency, rows)
+        if len(elsewhere) < MIN_PEERS:
+            continue
+        here = np.r_[log_latency[rows], np.log(np.maximum(outrun.get(machine, []), TINY))]
+        excess = float(np.sum(here - np.median(elsewhere)))
+        factor[machine] = math.exp(excess / (len(here) + prior))
+    running = np.array([factor.get(machine, 1.0) for machine in running_where], dtype=np.float64)
+    return None if np.all(running == 1.0) else running
+
+
+def _with_machine_evidence(
+    survival: LatencySurvival,
+    probability: FloatArray,
+    threshold: FloatArray,
+    elapsed: FloatArray,
+    scale: FloatArray,
+    usual_scale: FloatArray,
+) -> FloatArray:
+    """The predictor's P(latency >= threshold) of each running task, with what its machine's speed
+    adds: its odds times the odds of passing the threshold on the machine's scale (``scale``) over
+    those on a usual machine's (``usual_scale``), from the job's curve given the task's elapsed time.
+
+    The predictor sees a task's features, not how the job's other tasks fared on its machine; taken
+    as it is, its "probably not a straggler" would outweigh a machine that ran the job's tasks 4x
+    long. Two views of the same task, each with the job's base rate in it once: a product of odds,
+    over the base rate's."""
+    known = np.isfinite(probability) & np.isfinite(threshold) & (scale != usual_scale)
+    if not known.any():
+        return probability
+
+    def beyond(on: FloatArray) -> FloatArray:
+        passed = survival.sf(np.maximum(threshold, elapsed) / on) / np.maximum(
+            survival.sf(elapsed / on), TINY
+        )
+        return np.clip(np.nan_to_num(passed, nan=0.5), 1e-4, 1.0 - 1e-4)
+
+    def odds(p: FloatArray) -> FloatArray:
+        return p / (1.0 - p)
+
+    p = np.clip(np.nan_to_num(probability, nan=0.5), 1e-4, 1.0 - 1e-4)
+    combined = odds(p) * odds(beyond(scale)) / odds(beyond(usual_scale))
+    return np.where(known, combined / (1.0 + combined), probability)
 
 
 def _rank_correlation(x: FloatArray, y: FloatArray) -> float:
