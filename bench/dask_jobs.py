@@ -445,7 +445,7 @@ def figures(runs: list[Run], args: argparse.Namespace, started: float, complete:
     """What ``--json`` keeps: the settings, every run, and the summary rows of them."""
     return {
         "machine": machine(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": settings(args),
         "workers": WORKERS,
         "complete": complete,
         "wall_seconds": time.monotonic() - started,
@@ -453,6 +453,11 @@ def figures(runs: list[Run], args: argparse.Namespace, started: float, complete:
         "runs": [asdict(r) for r in runs],
         "repo": str(REPO),
     }
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's options as ``--json`` keeps them (paths as text)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
 def save(runs: list[Run], args: argparse.Namespace, started: float) -> None:
@@ -468,7 +473,7 @@ def resumed(args: argparse.Namespace) -> list[Run]:
     if not args.resume or args.json is None or not args.json.exists():
         return []
     kept = json.loads(args.json.read_text())
-    mine = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    mine = settings(args)
     same = ("reps", "tasks", "interval", "bound", "settle")
     if any(kept["settings"].get(k) != mine[k] for k in same):
         raise SystemExit(f"error: {args.json} was measured with other settings; run without --resume")

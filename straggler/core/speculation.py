@@ -16,8 +16,9 @@ The rule's derivation: docs/architecture.md, "Policies and speculation".
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -303,7 +304,9 @@ class Speculate(MitigationPolicy):
             job.first_start = min(job.first_start, running.start)
             if d.is_straggler:
                 job.flagged.add(d.task_id)
-        plan = self._with_floor(job, at, self.plan(job, at))
+        # the checkpoint's estimate, made at most once and only when asked (Spark's rule never asks)
+        estimate = functools.cache(lambda: _estimate(job, at, self.grid_points, self.stuck_prior))
+        plan = self._with_floor(job, at, self.plan(job, at, estimate), estimate)
         for task_id in plan.tasks:
             running = job.running[task_id]
             job.races[task_id] = _Race(running.attempt, running.attempt + 1, at, running.start)
@@ -352,14 +355,14 @@ class Speculate(MitigationPolicy):
             reason += _p(running)
             job.notes.append(Hold(job_id, task_id, running.attempt, at, kind, reason, running.probability))
 
-    def _with_floor(self, job: _Job, at: float, plan: CopyPlan) -> CopyPlan:
+    def _with_floor(self, job: _Job, at: float, plan: CopyPlan, estimate: Estimate) -> CopyPlan:
         """``plan`` with the floor rule's copies added (no budget, but within ``machines``)."""
         if self.floor is None:
             return plan
         chosen = set(plan.tasks)
         extra = [t for t in self.floor.due(job, at) if t not in chosen]
         reads_inputs = self.floor_reads_inputs and extra and job.inputs
-        est = _estimate(job, at, self.grid_points, self.stuck_prior) if reads_inputs else None
+        est = estimate() if reads_inputs else None
         if est is not None and est.scaled:  # a copy that reads the same input as a slow task is as slow
             row = {task_id: i for i, task_id in enumerate(est.ids)}
             extra = [t for t in extra if _copy_ends_first(est, row[t]) > 0.5]
@@ -371,9 +374,10 @@ class Speculate(MitigationPolicy):
             [*plan.tasks, *extra], plan.saving, plan.extra, plan.completion, plan.work, frozenset(extra)
         )
 
-    def plan(self, job: _Job, at: float) -> CopyPlan:
-        """The copies to start now (see the module docstring); changes nothing."""
-        est = _estimate(job, at, self.grid_points, self.stuck_prior)
+    def plan(self, job: _Job, at: float, estimate: Estimate) -> CopyPlan:
+        """The copies to start now (see the module docstring), from the checkpoint's ``estimate``;
+        changes nothing."""
+        est = estimate()
         if est is None or not len(est.candidates):
             return NO_PLAN
         tail = 1.0 - est.remaining[est.candidates]
@@ -441,7 +445,7 @@ class Spark(Speculate):
     unplanned: HoldKind = "rule"
     floor_reads_inputs = False  # Spark's rule as Spark runs it, blind to a task's input
 
-    def plan(self, job: _Job, at: float) -> CopyPlan:
+    def plan(self, job: _Job, at: float, estimate: Estimate) -> CopyPlan:
         return NO_PLAN
 
 
@@ -471,8 +475,8 @@ class MantriDuplicate(Speculate):
 
     unplanned: HoldKind = "rule"
 
-    def plan(self, job: _Job, at: float) -> CopyPlan:
-        est = _estimate(job, at, self.grid_points, self.stuck_prior)
+    def plan(self, job: _Job, at: float, estimate: Estimate) -> CopyPlan:
+        est = estimate()
         if est is None or not len(est.candidates):
             return NO_PLAN
         outlasts = np.array(
@@ -516,6 +520,10 @@ class _Estimates:
     def fresh_rows(self, rows: IntArray) -> FloatArray:
         """A copy's latency CDF for those rows: the shared row, or theirs."""
         return self.fresh if self.fresh.ndim == 1 else self.fresh[rows]
+
+
+Estimate = Callable[[], "_Estimates | None"]
+"""A checkpoint's survival estimates (`_estimate`), computed on the first call only."""
 
 
 def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Estimates | None:
