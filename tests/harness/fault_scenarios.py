@@ -1172,6 +1172,26 @@ joining the group as a second worker joins (the join waits at the broker for eve
 giving its partitions up to that second worker."""
 
 
+TRICKLE_GAP_S = 0.2
+"""`_trickle_until`'s spacing: under the commit interval (0.5 s), near its timer's (0.25 s)."""
+
+
+def _trickle_until(publisher: Publisher, records: list[Outgoing], done: Callable[[], bool]) -> list[Outgoing]:
+    """Publish ``records`` one at a time, `TRICKLE_GAP_S` apart, until ``done()``; return the rest.
+
+    The worker's timer commits only what a burst left behind. The head ends with a boundary whose fit
+    can outlast the commit interval, and the agent then commits everything itself: no timer commit is
+    left to hold. A trickle leaves records behind between the agent's commits, so the timer soon finds
+    one due with no record in hand."""
+    started = time.monotonic()
+    records = list(records)
+    while records and not done() and time.monotonic() - started < PROGRESS_TIMEOUT_S:
+        publisher.publish(records[:1])
+        records = records[1:]
+        time.sleep(TRICKLE_GAP_S)
+    return records
+
+
 def worker_stops(state: str, bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """SIGTERM a worker in ``state`` (`STOP_STATES`) mid-replay: it exits within `WORKER_STOP_LIMIT_S`,
     having committed what it could and given the rest back; the worker that remains (or a new one)
@@ -1190,7 +1210,10 @@ def worker_stops(state: str, bootstrap: str, workdir: Path, sizes: Sizes) -> Sce
         line = STOP_STATES[state]
         if held:
             target = "first"
-            run.procs.wait_for_line(target, line, PROGRESS_TIMEOUT_S, run.procs.lines(target, line))
+            seen = run.procs.lines(target, line)
+            if state == "commit":
+                tail = _trickle_until(publisher, tail, lambda: run.procs.lines(target, line) > seen)
+            run.procs.wait_for_line(target, line, PROGRESS_TIMEOUT_S, seen)
             if state == "commit":  # records arrive while the commit holds the lock
                 publisher.publish(tail)
                 tail = []
