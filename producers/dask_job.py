@@ -90,8 +90,9 @@ class SpeculativeJob:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        """Report the job's end and drop its tasks from the scheduler (attempts still running, the
-        losers of races, are cancelled)."""
+        """Report the job's end and drop its tasks from the scheduler: attempts still running (the
+        losers of races, and tasks not done) are cancelled, and each future keeps only its winner's
+        result, so the cluster holds nothing else of the job."""
         self._sdk.end_job(self.job_id)
         self.poll_added_attempts()
         for task_id, future in self._tasks.items():
@@ -99,6 +100,11 @@ class SpeculativeJob:
             live = [f for f in future.attempts.values() if not f.done()]
             if live:
                 self.client.cancel(live, force=True)
+            future.keep_only_the_winner()
+        # Each future refers to its job: a cycle that only Python's garbage collector breaks, and
+        # until it runs, Dask keeps every result of the job on the workers (a worker that dies then
+        # makes Dask compute them all again, beside the next job).
+        self._tasks.clear()
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, task_id: str | None = None, pure: bool = True, **kwargs: Any
@@ -156,6 +162,19 @@ class SpeculativeFuture:
         self.attempts = attempts
         """Attempt number -> its Dask future (the executor's copies and relaunches join as they come)."""
         self.winner: int | None = None
+        self.job_ended = False
+
+    def keep_only_the_winner(self) -> None:
+        """The job has ended: hold the first finished attempt's future only (Dask keeps a result
+        while a future holds it), else the failed ones (`result` raises their error); with neither,
+        `result` raises `CancelledError`."""
+        finished = sorted(n for n, a in self.attempts.items() if a.status == "finished")
+        kept = self.winner if self.winner is not None else (finished[0] if finished else None)
+        if kept is not None:
+            self.attempts = {kept: self.attempts[kept]}
+        else:
+            self.attempts = {n: a for n, a in self.attempts.items() if a.status == "error"}
+        self.job_ended = True
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the first attempt that finishes and return its result; raise the error of a failed
@@ -171,6 +190,10 @@ class SpeculativeFuture:
             failed = [a for a in self.attempts.values() if a.status == "error"]
             if not live and failed:
                 return failed[0].result()  # raises the attempt's error
+            if self.job_ended and not live:
+                raise CancelledError(
+                    f"task {self.task_id!r} of job {self.job.job_id!r} was not done when its job ended"
+                )
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"task {self.task_id!r} of job {self.job.job_id!r} not done in {timeout} s"

@@ -7,6 +7,7 @@ malformed commands are dead-lettered with their reason."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -15,9 +16,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import CancelledError
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
+import dask
 import orjson
 import pytest
 from confluent_kafka import Producer
@@ -43,9 +47,14 @@ WAIT_S = 60.0
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(
-        n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-    ) as local:
+    # A LocalCluster closes a worker's nanny for good when, `lost-worker-timeout` after the worker
+    # left, none of its name is registered: these tests restart and kill workers, sometimes 15 s apart.
+    with (
+        dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}),
+        LocalCluster(
+            n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as local,
+    ):
         yield local
 
 
@@ -233,6 +242,39 @@ def test_a_job_whose_worker_dies_mid_task_completes_as_with_dask_alone(
         assert job.gather(futures, timeout=WAIT_S) == [70, "done", "done", "done"]
     assert marker.exists(), "the first attempt ran, and its worker died"
     client.wait_for_workers(WORKERS, timeout=WAIT_S)
+
+
+def _job_keys(job_id: str, dask_scheduler: Any = None) -> list[Any]:
+    """The keys of ``job_id``'s attempts the scheduler still holds (runs on the scheduler)."""
+    return [key for key in dask_scheduler.tasks if isinstance(key, tuple) and job_id in key]
+
+
+def test_a_job_that_ended_leaves_only_its_winners_results_on_the_cluster(
+    kafka_bootstrap: str, topics: TopicNames, client: Client, tmp_path: Path
+) -> None:
+    """Its futures dropped, a job's results leave the workers at once, not when Python's garbage
+    collector happens to run (a worker that died later made Dask compute them all again); a task
+    not done when its job ended raises `CancelledError` rather than wait forever."""
+    gc.disable()  # what the job leaves must go by reference counting alone
+    try:
+        with SpeculativeClient(client, kafka_bootstrap, topic_prefix=topics.prefix) as speculative:
+            with speculative.job(f"ended-{uuid.uuid4().hex[:8]}", expected_tasks=4) as job:
+                job_id = job.job_id
+                futures = [job.submit(count_run, str(tmp_path), i) for i in range(3)]
+                unfinished = job.submit(run_until_cancelled, 600.0, task_id="unfinished")
+                assert job.gather(futures, timeout=WAIT_S) == [0, 1, 2]
+            kept = futures[1]
+            del futures, job
+            wait_for(
+                lambda: client.run_on_scheduler(_job_keys, job_id) == [kept.attempts[0].key],
+                "the scheduler to forget every attempt but the kept future's",
+                timeout=10.0,
+            )
+            assert kept.result(WAIT_S) == 1
+            with pytest.raises(CancelledError, match="not done when its job ended"):
+                unfinished.result(WAIT_S)
+    finally:
+        gc.enable()
 
 
 def wait_until_cancelled_the_first_time(marker: str, x: int) -> int:
