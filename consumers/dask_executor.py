@@ -27,7 +27,9 @@ redone command finds that attempt and is skipped (``attempt_exists``); a repeate
 attempt ended.
 
 A command for a task this cluster does not know, or that has ended, is skipped with a log line and
-counted (``straggler_executor_skips_total{kind}``); a record that is not a valid relaunch command is
+counted (``straggler_executor_skips_total{kind}``), as is a copy or relaunch decided before the
+attempt's current run began (the worker that runs it says when: `straggler.dask_tasks.attempt_run_started`;
+Dask ran it again after its worker died); a record that is not a valid relaunch command is
 dead-lettered with the reason (stage ``executor``).
 """
 
@@ -50,6 +52,7 @@ from straggler.dask_tasks import (
     TaskRecord,
     applied_metadata_key,
     attempt_key,
+    attempt_run_started,
     attempts_queue_name,
     parse_attempt_key,
     run_attempt,
@@ -250,11 +253,29 @@ class DaskExecutor:
         keys = [record.attempts[n].key for n in numbers]
         states = self.client.run_on_scheduler(_scheduler_states, keys)  # a fresh future's status lags
         statuses = dict(zip(numbers, states, strict=True))
-        self.book.observe(record.job_id, record.task_id, record.copyable, statuses, time.time())
+        starts = self._run_starts(record, statuses) if command.action != "kill" else {}
+        self.book.observe(record.job_id, record.task_id, record.copyable, statuses, time.time(), starts)
         for future in record.attempts.values():
             self._watch(future)
         self.metrics.tasks.set(self.book.tracked)
         return record
+
+    def _run_starts(self, record: TaskRecord, statuses: dict[int, AttemptStatus]) -> dict[int, float]:
+        """When each live attempt began its current run, asked of the worker that runs it (an
+        attempt queued, or on a worker that cannot answer, is left out)."""
+        starts: dict[int, float] = {}
+        for number, status in statuses.items():
+            key = record.attempts[number].key
+            worker = self._worker_of(key) if status == "live" else None
+            if worker is None:
+                continue
+            try:
+                started = self.client.run(attempt_run_started, key, workers=[worker]).get(worker)
+            except (OSError, KeyError):  # the worker is gone
+                continue
+            if started is not None:
+                starts[number] = float(started)
+        return starts
 
     def _watch(self, future: Future) -> None:
         """Tell the book when the attempt ends (Dask calls back from its own thread)."""

@@ -160,6 +160,8 @@ def kind_feature(kind: str) -> float:
 
 
 _current = threading.local()
+_run_started: dict[tuple[str, str, str, int], float] = {}
+"""The attempts running in this worker process, by key: when their run began (`attempt_run_started`)."""
 
 
 def cancelled() -> bool:
@@ -171,6 +173,14 @@ def cancelled() -> bool:
         return False
     state = get_worker().state.tasks.get(key)
     return state is None or state.state in CANCELLED_STATES
+
+
+def attempt_run_started(key: Any, dask_worker: Any = None) -> float | None:
+    """On a worker (`Client.run`): when this worker began running the attempt ``key`` (None: it
+    does not run it). A run that began after a command was decided is a new one: Dask ran the
+    attempt again after its worker died."""
+    plain = tuple(key) if isinstance(key, list) else key
+    return _run_started.get(plain)
 
 
 def run_attempt(packed: bytes, job_id: str, task_id: str, attempt: int) -> Any:
@@ -190,7 +200,8 @@ def run_attempt(packed: bytes, job_id: str, task_id: str, attempt: int) -> Any:
     observers = [plugin for plugin in worker.plugins.values() if isinstance(plugin, AttemptObserver)]
     for observer in observers:
         observer.attempt_started(info)
-    _current.key = attempt_key(job_id, task_id, attempt)
+    _current.key = key = attempt_key(job_id, task_id, attempt)
+    _run_started[key] = info.started_at
     outcome: AttemptEnd = "failed"
     try:
         result = call.fn(*call.args, **call.kwargs)
@@ -200,5 +211,6 @@ def run_attempt(packed: bytes, job_id: str, task_id: str, attempt: int) -> Any:
         if cancelled():  # its result (or error) is thrown away: the attempt was stopped
             outcome = "killed"
         _current.key = None
+        _run_started.pop(key, None)
         for observer in observers:
             observer.attempt_ended(info, outcome, time.time())

@@ -134,3 +134,20 @@ def test_a_task_dropped_with_its_job_is_skipped_and_its_copy_priced_until_then(
     assert book.extra_machine_seconds == 3.0
     book.dropped("j", "nope", at=6.0)  # a task never seen: nothing to end
     assert book.tracked == 1
+
+
+def test_a_copy_decided_before_the_attempts_current_run_began_is_skipped() -> None:
+    """Dask ran the attempt again (its worker died) after the command was decided, at 0.0."""
+    book = ExecutionBook()
+    book.observe("j", "t1", True, {0: "live"}, at=0.0, run_started={0: 2.0})
+    for action in ("duplicate", "relaunch"):
+        decision = book.decide(order(action))
+        assert isinstance(decision, Skip) and decision.kind == "restarted", action
+
+
+def test_a_copy_decided_during_the_attempts_current_run_is_made() -> None:
+    book = ExecutionBook()
+    book.observe("j", "t1", True, {0: "live"}, at=0.0, run_started={0: -1.0})
+    assert book.decide(order("duplicate")) == Copy("j", "t1", 0, 1)
+    book.observe("j", "t1", True, {0: "live"}, at=1.0)  # a later look that cannot tell keeps what was known
+    assert book.decide(order("relaunch")) == Relaunch("j", "t1", 0, 1)

@@ -7,6 +7,7 @@ malformed commands are dead-lettered with their reason."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import signal
@@ -106,7 +107,7 @@ def command(job_id: str, task_id: str, action: Action, attempt: int, decision: i
         reason="test",
         policy="speculate",
         issued_at=time.time(),
-        checkpoint_time=0.0,
+        checkpoint_time=time.time(),  # decided now, on the attempts' runs as they are
         attempt=attempt,
     )
 
@@ -275,6 +276,45 @@ def test_a_job_that_ended_leaves_only_its_winners_results_on_the_cluster(
                 unfinished.result(WAIT_S)
     finally:
         gc.enable()
+
+
+def die_then_run_until_cancelled(marker: str, rerun: str) -> str:
+    """The first run kills its worker's process; Dask runs the attempt again elsewhere, and that run
+    (it makes ``rerun``) goes on until it is cancelled."""
+    try:
+        Path(marker).touch(exist_ok=False)
+    except FileExistsError:
+        Path(rerun).touch()
+        return run_until_cancelled(60.0)
+    time.sleep(0.5)
+    os._exit(1)
+
+
+def test_a_copy_decided_before_dask_ran_the_attempt_again_is_skipped(
+    kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The stream decided on the run that died with its worker; Dask's new run of the same attempt
+    has not been seen straggling, so the copy is skipped as ``restarted``. Decided after the new run
+    began, the same copy is made."""
+    marker, rerun = tmp_path / "first-run", tmp_path / "rerun"
+    executor = DaskExecutor(kafka_bootstrap, cluster.scheduler_address, topics=topics)
+    with job_under(executor, client, tasks=1) as job:
+        job_id = job.job_id
+        task = job.submit(die_then_run_until_cancelled, str(marker), str(rerun), task_id="dies")
+        wait_for(marker.exists, "the first run")
+        decided = time.time()  # before the new run: the first one is still going, or just died
+        wait_for(rerun.exists, "Dask's new run of the attempt")
+        stale = dataclasses.replace(command(job_id, "dies", "duplicate", 0), checkpoint_time=decided)
+        send(kafka_bootstrap, topics.commands, job_id, encode(stale))
+        wait_for(lambda: executor.stats.consumed == 1, "the stale copy")
+        assert (executor.stats.applied, executor.stats.skipped) == (0, 1)
+        skips = executor.metrics.registry.get_sample_value
+        assert skips("straggler_executor_skips_total", {"kind": "restarted"}) == 1
+        fresh = command(job_id, "dies", "duplicate", 0, decision=1)  # decided now, on the new run
+        send(kafka_bootstrap, topics.commands, job_id, encode(fresh))
+        wait_for(lambda: executor.stats.applied == 1, "the copy decided on the new run")
+        assert task.result(WAIT_S) == "done"
+    client.wait_for_workers(WORKERS, timeout=WAIT_S)
 
 
 def wait_until_cancelled_the_first_time(marker: str, x: int) -> int:

@@ -11,7 +11,9 @@ Attempt numbers follow the command schema: a copy of attempt ``a`` is attempt ``
 relaunch of ``a`` restarts it as ``a + 1``, so the mitigator's later ``kill`` names the attempt the
 executor made. A task that is not copyable (it has side effects) is never copied nor relaunched; a
 kill that would stop the task's last live attempt before any attempt finished is refused (the
-user's result would be lost).
+user's result would be lost). A copy or relaunch decided before the attempt's current run began
+(the cluster ran it again, its worker having died) is skipped: it was decided on the run that died,
+and the new run has not been seen straggling.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from schemas import RelaunchCommand
 AttemptStatus = Literal["live", "finished", "failed", "killed"]
 SkipKind = Literal[
     "applied", "unknown_task", "finished_task", "unknown_attempt", "ended_attempt", "not_copyable",
-    "attempt_exists", "last_attempt",
+    "attempt_exists", "last_attempt", "restarted",
 ]  # fmt: skip
 SKIP_KINDS: tuple[SkipKind, ...] = (
     "applied", "unknown_task", "finished_task", "unknown_attempt", "ended_attempt", "not_copyable",
-    "attempt_exists", "last_attempt",
+    "attempt_exists", "last_attempt", "restarted",
 )  # fmt: skip
 
 
@@ -80,6 +82,9 @@ class AttemptRun:
     status: AttemptStatus = "live"
     since: float | None = None
     ended: float | None = None
+    run_started: float | None = None
+    """When its current run began on the cluster, where known: later than its first start when the
+    cluster ran it again (its worker died)."""
 
 
 @dataclass
@@ -119,13 +124,21 @@ class ExecutionBook:
         return self._tasks.get((job_id, task_id))
 
     def observe(
-        self, job_id: str, task_id: str, copyable: bool, statuses: dict[int, AttemptStatus], at: float
+        self,
+        job_id: str,
+        task_id: str,
+        copyable: bool,
+        statuses: dict[int, AttemptStatus],
+        at: float,
+        run_started: dict[int, float] | None = None,
     ) -> None:
-        """What the cluster says of a task's attempts now (attempts not known yet are added)."""
+        """What the cluster says of a task's attempts now (attempts not known yet are added), and
+        when the running ones began their current run, where it knows."""
         task = self._tasks.setdefault((job_id, task_id), TaskAttempts(copyable))
         task.copyable = copyable
         for number, status in sorted(statuses.items()):
-            task.attempts.setdefault(number, AttemptRun())
+            run = task.attempts.setdefault(number, AttemptRun())
+            run.run_started = (run_started or {}).get(number, run.run_started)
             if status != "live":
                 self.attempt_ended(job_id, task_id, number, status, at)
 
@@ -186,6 +199,14 @@ class ExecutionBook:
             return Skip("not_copyable", f"task {task_id!r} of job {job!r} is not pure: never run twice")
         if attempt not in live:
             return Skip("ended_attempt", f"attempt {attempt} of task {task_id!r} has ended already")
+        started = task.attempts[attempt].run_started
+        if started is not None and started > command.checkpoint_time:
+            return Skip(
+                "restarted",
+                f"attempt {attempt} of task {task_id!r} began a new run at {started:.3f}, after the "
+                f"command was decided at {command.checkpoint_time:.3f} (its worker died and the "
+                "cluster runs it again)",
+            )
         new_attempt = attempt + 1
         if new_attempt in task.attempts:
             return Skip("attempt_exists", f"task {task_id!r} already has attempt {new_attempt}")
