@@ -28,8 +28,9 @@ attempt ended.
 
 A command for a task this cluster does not know, or that has ended, is skipped with a log line and
 counted (``straggler_executor_skips_total{kind}``), as is a copy or relaunch decided before the
-attempt's current run began (the worker that runs it says when: `straggler.dask_tasks.attempt_run_started`;
-Dask ran it again after its worker died); a record that is not a valid relaunch command is
+current run of an attempt that Dask runs again after its worker died (the scheduler counts the
+death; the worker that runs it says when the run began: `straggler.dask_tasks.attempt_run_started`);
+a record that is not a valid relaunch command is
 dead-lettered with the reason (stage ``executor``).
 """
 
@@ -251,22 +252,25 @@ class DaskExecutor:
             return None
         numbers = sorted(record.attempts)
         keys = [record.attempts[n].key for n in numbers]
-        states = self.client.run_on_scheduler(_scheduler_states, keys)  # a fresh future's status lags
-        statuses = dict(zip(numbers, states, strict=True))
-        starts = self._run_starts(record, statuses) if command.action != "kill" else {}
+        views = self.client.run_on_scheduler(_scheduler_states, keys)  # a fresh future's status lags
+        statuses = {n: status for n, (status, _) in zip(numbers, views, strict=True)}
+        rerun = [n for n, (status, died) in zip(numbers, views, strict=True) if status == "live" and died]
+        starts = self._run_starts(record, rerun) if command.action != "kill" else {}
         self.book.observe(record.job_id, record.task_id, record.copyable, statuses, time.time(), starts)
         for future in record.attempts.values():
             self._watch(future)
         self.metrics.tasks.set(self.book.tracked)
         return record
 
-    def _run_starts(self, record: TaskRecord, statuses: dict[int, AttemptStatus]) -> dict[int, float]:
-        """When each live attempt began its current run, asked of the worker that runs it (an
-        attempt queued, or on a worker that cannot answer, is left out)."""
+    def _run_starts(self, record: TaskRecord, rerun: list[int]) -> dict[int, float]:
+        """When each of the ``rerun`` attempts (Dask ran them again: a worker died under them) began
+        its current run, asked of the worker that runs it (one queued, or on a worker that cannot
+        answer, is left out). Only those: a first run's start, on another machine's clock, is never
+        compared with the stream's."""
         starts: dict[int, float] = {}
-        for number, status in statuses.items():
+        for number in rerun:
             key = record.attempts[number].key
-            worker = self._worker_of(key) if status == "live" else None
+            worker = self._worker_of(key)
             if worker is None:
                 continue
             try:
@@ -393,13 +397,14 @@ class DaskExecutor:
         return bool(answers.get(worker, False))
 
 
-def _scheduler_states(keys: list[Any], dask_scheduler: Any = None) -> list[AttemptStatus]:
-    """On the scheduler (`Client.run_on_scheduler`): each attempt's state as the scheduler has it now."""
-    states: list[AttemptStatus] = []
+def _scheduler_states(keys: list[Any], dask_scheduler: Any = None) -> list[tuple[AttemptStatus, bool]]:
+    """On the scheduler (`Client.run_on_scheduler`): each attempt's state as the scheduler has it
+    now, and whether a worker died while running it (Dask's ``suspicious`` count: it runs it again)."""
+    states: list[tuple[AttemptStatus, bool]] = []
     for key in keys:
         task = dask_scheduler.tasks.get(_plain(key))
         state = "forgotten" if task is None else task.state
-        states.append(SCHEDULER_STATE.get(state, "live"))
+        states.append((SCHEDULER_STATE.get(state, "live"), task is not None and task.suspicious > 0))
     return states
 
 

@@ -107,7 +107,7 @@ def command(job_id: str, task_id: str, action: Action, attempt: int, decision: i
         reason="test",
         policy="speculate",
         issued_at=time.time(),
-        checkpoint_time=time.time(),  # decided now, on the attempts' runs as they are
+        checkpoint_time=0.0,  # long before any run: only a run Dask made again after a death is compared
         attempt=attempt,
     )
 
@@ -310,7 +310,9 @@ def test_a_copy_decided_before_dask_ran_the_attempt_again_is_skipped(
         assert (executor.stats.applied, executor.stats.skipped) == (0, 1)
         skips = executor.metrics.registry.get_sample_value
         assert skips("straggler_executor_skips_total", {"kind": "restarted"}) == 1
-        fresh = command(job_id, "dies", "duplicate", 0, decision=1)  # decided now, on the new run
+        fresh = dataclasses.replace(
+            command(job_id, "dies", "duplicate", 0, decision=1), checkpoint_time=time.time()
+        )
         send(kafka_bootstrap, topics.commands, job_id, encode(fresh))
         wait_for(lambda: executor.stats.applied == 1, "the copy decided on the new run")
         assert task.result(WAIT_S) == "done"
