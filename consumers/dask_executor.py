@@ -29,9 +29,8 @@ attempt ended.
 A command for a task this cluster does not know, or that has ended, is skipped with a log line and
 counted (``straggler_executor_skips_total{kind}``), as is a copy or relaunch decided before the
 current run of an attempt that Dask runs again after its worker died (the scheduler counts the
-death; the worker that runs it says when the run began: `straggler.dask_tasks.attempt_run_started`);
-a record that is not a valid relaunch command is
-dead-lettered with the reason (stage ``executor``).
+death; the worker that runs it says when the run began: `straggler.dask_tasks.attempt_run_started`).
+A record that is not a valid relaunch command is dead-lettered with the reason (stage ``executor``).
 """
 
 from __future__ import annotations

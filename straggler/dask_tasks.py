@@ -177,8 +177,8 @@ def cancelled() -> bool:
 
 def attempt_run_started(key: Any, dask_worker: Any = None) -> float | None:
     """On a worker (`Client.run`): when this worker began running the attempt ``key`` (None: it
-    does not run it). A run that began after a command was decided is a new one: Dask ran the
-    attempt again after its worker died."""
+    does not run it). The executor asks it of an attempt Dask runs again after a worker died under
+    it: a command decided before this run began was decided on the run that died."""
     plain = tuple(key) if isinstance(key, list) else key
     return _run_started.get(plain)
 
