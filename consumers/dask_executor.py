@@ -55,6 +55,7 @@ from straggler.dask_tasks import (
     attempt_run_started,
     attempts_queue_name,
     parse_attempt_key,
+    plain_key,
     run_attempt,
     task_record_name,
 )
@@ -251,9 +252,10 @@ class DaskExecutor:
             return None
         numbers = sorted(record.attempts)
         keys = [record.attempts[n].key for n in numbers]
-        views = self.client.run_on_scheduler(_scheduler_states, keys)  # a fresh future's status lags
-        statuses = {n: status for n, (status, _) in zip(numbers, views, strict=True)}
-        rerun = [n for n, (status, died) in zip(numbers, views, strict=True) if status == "live" and died]
+        # from the scheduler: a fresh future's status lags
+        views = dict(zip(numbers, self.client.run_on_scheduler(_scheduler_states, keys), strict=True))
+        statuses = {n: status for n, (status, _) in views.items()}
+        rerun = [n for n, (status, died) in views.items() if status == "live" and died]
         starts = self._run_starts(record, rerun) if command.action != "kill" else {}
         self.book.observe(record.job_id, record.task_id, record.copyable, statuses, time.time(), starts)
         for future in record.attempts.values():
@@ -401,7 +403,7 @@ def _scheduler_states(keys: list[Any], dask_scheduler: Any = None) -> list[tuple
     now, and whether a worker died while running it (Dask's ``suspicious`` count: it runs it again)."""
     states: list[tuple[AttemptStatus, bool]] = []
     for key in keys:
-        task = dask_scheduler.tasks.get(_plain(key))
+        task = dask_scheduler.tasks.get(plain_key(key))
         state = "forgotten" if task is None else task.state
         states.append((SCHEDULER_STATE.get(state, "live"), task is not None and task.suspicious > 0))
     return states
@@ -414,11 +416,7 @@ def _runs_key(key: Any, dask_worker: Any = None) -> bool:
 
 def _same_key(a: Any, b: Any) -> bool:
     """Keys compared across the wire, where a tuple may arrive as a list."""
-    return _plain(a) == _plain(b)
-
-
-def _plain(key: Any) -> Any:
-    return tuple(_plain(part) for part in key) if isinstance(key, list | tuple) else key
+    return plain_key(a) == plain_key(b)
 
 
 def _idle(assigned: bool, started: float, last_input: float, idle_timeout: float) -> bool:

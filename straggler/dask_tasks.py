@@ -179,8 +179,12 @@ def attempt_run_started(key: Any, dask_worker: Any = None) -> float | None:
     """On a worker (`Client.run`): when this worker began running the attempt ``key`` (None: it
     does not run it). The executor asks it of an attempt Dask runs again after a worker died under
     it: a command decided before this run began was decided on the run that died."""
-    plain = tuple(key) if isinstance(key, list) else key
-    return _run_started.get(plain)
+    return _run_started.get(plain_key(key))
+
+
+def plain_key(key: Any) -> Any:
+    """A Dask key as a hashable value: a tuple key may arrive as a list across the wire."""
+    return tuple(plain_key(part) for part in key) if isinstance(key, list | tuple) else key
 
 
 def run_attempt(packed: bytes, job_id: str, task_id: str, attempt: int) -> Any:
