@@ -262,7 +262,10 @@ def truth_gate() -> Iterator[str]:
         for cps, half in columns:
             r = runs[cps][half][rule]
             won = r["copies_won"] / max(r["copies_won"] + r["copies_lost"], 1)
-            cells.append(f"{pct(r['jct_reduction'])}, {r['share_of_limit']:.2f} of the limit, {won:.0%} won")
+            cells.append(
+                f"{pct(r['jct_reduction'])} at {pct(r['gross_extra_machine_time'])} gross, "
+                f"{r['share_of_limit']:.2f} of the limit, {won:.0%} won"
+            )
         yield f"| {rule} | " + " | ".join(cells) + " |"
 
 

@@ -25,6 +25,7 @@ class Oracle(StragglerMethod):
     name: ClassVar[str] = "oracle"
     predicts_latency: ClassVar[bool] = False
     uses_future_information: ClassVar[bool] = True
+    predicts_cold: ClassVar[bool] = True
 
     def __init__(self) -> None:
         """No parameters; the truth comes through `reveal`."""
