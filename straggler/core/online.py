@@ -2,10 +2,10 @@
 
 `OnlineJob` holds a job's `JobState` and one `StragglerMethod`. At each checkpoint it waits until
 ``start_fraction`` of the tasks have finished (a method that needs none, `predicts_cold`, does not
-wait), calibrates the method once, refits when the finished set
-has grown by ``refit_growth``, floors every predicted latency at the task's elapsed time and flags the
-tasks at or over the threshold (oracle p90, or estimated online by `straggler.core.threshold`); a
-flagged task is not evaluated again. Details: docs/architecture.md, "Methods and the job driver".
+wait), calibrates the method once, refits when the finished set has grown by ``refit_growth``,
+floors every predicted latency at the task's elapsed time and flags the tasks at or over the
+threshold (oracle p90, or estimated online by `straggler.core.threshold`); a flagged task is not
+evaluated again. Details: docs/architecture.md, "Methods and the job driver".
 """
 
 from __future__ import annotations
