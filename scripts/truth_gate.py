@@ -1,8 +1,7 @@
-"""How much of the limit a policy told the truth can reach: the limit against the same copies made
-only from the first checkpoint at which the job has a finished task (the earliest a survival estimate
-of a copy's time exists) or has 4 % of its tasks finished (when the job driver first predicts with a
-method that learns from finished tasks, `straggler.core.online.finished_needed`), and the shipped
-policy fed the truth (the oracle is asked from the job's first checkpoint: it needs no finished task).
+"""How much of the limit a policy told the truth can reach, once it may act: the limit against the
+same copies made only from the first checkpoint at which the job has a finished task (the earliest a
+survival estimate of a copy's time exists) or has 4 % of its tasks finished (when the job driver
+first predicts, `straggler.core.online.finished_needed`), and the shipped policy fed the truth.
 
 Reference rules with future information (evaluation only), on the same jobs, checkpoints and draws as
 `straggler evaluate`. Prints a table per half of the jobs and writes them as JSON:

@@ -34,7 +34,6 @@ from straggler.core.nurd import (
     mostly_right,
 )
 from straggler.core.online import OnlineJob
-from straggler.core.oracle import Oracle
 from straggler.core.preprocessing import impute_like
 from straggler.core.prior_calibration import PriorCalibration
 from straggler.core.registry import make_method
@@ -207,23 +206,6 @@ def test_no_prediction_before_four_percent_finished_and_refit_rule() -> None:
     job.state.observe_finished("t5", np.array([5.0]), latency=12.0, observed_at=12.5)
     job.checkpoint(13.0)
     assert job.model_version == 2  # 6 < 5 * 1.25
-
-
-def test_a_method_that_predicts_cold_is_asked_before_the_first_finish() -> None:
-    """The oracle-fed control needs no finished task: it is asked from the job's first checkpoint,
-    with no threshold yet; a method that learns from finished tasks still waits."""
-    oracle = Oracle()
-    oracle.reveal({f"t{i}": 10.0 + i for i in range(20)}, threshold=27.0)
-    cold = OnlineJob("j", oracle, n_features=1, expected_tasks=20)
-    waits = OnlineJob("j", make_method("reactive"), n_features=1, expected_tasks=20)
-    for job in (cold, waits):
-        for i in range(20):
-            job.state.observe_running(f"t{i}", np.array([float(i)]), start=0.0, observed_at=1.0)
-    decisions = cold.checkpoint(2.0)
-    assert waits.checkpoint(2.0) == []
-    assert len(decisions) == 20 and all(d.threshold == np.inf for d in decisions)
-    assert {d.task_id for d in decisions if d.is_straggler} == {"t17", "t18", "t19"}
-    assert len(cold.checkpoint(3.0)) == 17  # a flagged task is not asked again
 
 
 def _with_longer_task(trace: JobTrace, task: int, extra: float) -> JobTrace:

@@ -18,7 +18,6 @@ from straggler.core.speculation import (
     Spark,
     SparkRule,
     Speculate,
-    _estimate,
     _Job,
     _machine_factors,
     _Running,
@@ -458,51 +457,6 @@ def test_a_confident_flag_on_a_task_whose_peers_finished_is_copied_at_the_next_e
     """The mitigator's default --checkpoint-seconds (300) must not price a live job's loser as
     running on for 150 s: the job's own evaluation spacing says when it is killed."""
     assert short_peers_then_hung(Speculate(floor=None), spacing, probability)[:1] == [0]
-
-
-# ---------------------------------------------------------------- before the job's curve is trusted
-
-
-def cold_verdicts(at: float, probabilities: list[float]) -> list[Decision]:
-    """Verdicts of a method that predicts cold: no threshold yet (infinite)."""
-    return [
-        verdict(f"t{i}", at, at, flagged=p >= 0.5, threshold=math.inf, probability=p)
-        for i, p in enumerate(probabilities)
-    ]
-
-
-def test_before_the_curve_a_confident_verdict_buys_a_copy_at_once_within_the_budget() -> None:
-    # budget 0.1: 2 copies among 20 tasks; at this price no copy is worth its machine time once
-    # there is a curve, so what the job spent afterwards is the cold copies' charge alone
-    policy = Speculate(machine_price=1e9, checkpoint_interval=60.0, floor=None)
-    probabilities = [1.0, 0.95, 0.5, 1.0, *([0.0] * 16)]
-    actions = policy.on_checkpoint("job", 60.0, cold_verdicts(60.0, probabilities))
-    assert [(a.action, a.task_id) for a in actions] == [("duplicate", "t0"), ("duplicate", "t3")]
-    assert "too few of the job's tasks finished to price a copy" in actions[0].reason
-    holds = {h.task_id: h.kind for h in policy.holds("job")}
-    assert holds == {"t1": "budget", "t2": "no_estimate"}  # t2 (p = 0.5) is not confident enough
-    assert policy.on_checkpoint("job", 120.0, cold_verdicts(120.0, probabilities)[4:]) == []
-    # one finish is not enough for a curve (a job of 20 is predicted from its second): still cold
-    policy.on_task_finished("job", "t19", 150.0, 150.0)
-    assert policy.on_checkpoint("job", 160.0, cold_verdicts(160.0, [1.0])) == []  # t0: copied already
-    assert {h.task_id: h.kind for h in policy.holds("job")} == {}
-    # the second prices what the cold copies spent: one mean task's work each
-    policy.on_task_finished("job", "t18", 170.0, 170.0)
-    job = policy._jobs["job"]
-    estimate = _estimate(job, 180.0, policy.grid_points, policy.stuck_prior)
-    assert estimate is not None and job.spent == 0.0
-    assert policy.on_checkpoint("job", 180.0, []) == []
-    assert job.cold_copies == 0 and job.spent == pytest.approx(2 * estimate.work / 20)
-
-
-def test_without_a_confident_verdict_nothing_is_copied_before_the_curve() -> None:
-    policy = Speculate(checkpoint_interval=60.0)
-    assert policy.on_checkpoint("job", 60.0, cold_verdicts(60.0, [0.89] * 40)) == []
-    machines = Speculate(machines=1, checkpoint_interval=60.0)
-    copied = machines.on_checkpoint("job", 60.0, cold_verdicts(60.0, [1.0] * 40))
-    assert len(copied) == 1 and {h.kind for h in machines.holds("job")} == {"machines"}
-    with pytest.raises(ValueError, match="cold_confidence"):
-        Speculate(cold_confidence=0.0)
 
 
 # ---------------------------------------------------------------- a task's input (Mantri's t_new)

@@ -142,9 +142,6 @@ class StragglerMethod(ABC):
     learns_across_jobs: ClassVar[bool] = False
     #: True only for the oracle-fed control (`straggler.core.oracle`): told the future, evaluation only
     uses_future_information: ClassVar[bool] = False
-    #: True for methods that score a job's running tasks before any of its tasks has finished (they
-    #: need no finished task to learn from): the driver asks them from the job's first checkpoint
-    predicts_cold: ClassVar[bool] = False
     #: learned attributes that are not plain state values, and how each becomes one
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {}
 

@@ -1,11 +1,10 @@
 """Algorithm 1's loop for one job: when to train, what to predict, what to flag.
 
 `OnlineJob` holds a job's `JobState` and one `StragglerMethod`. At each checkpoint it waits until
-``start_fraction`` of the tasks have finished (a method that needs none, `predicts_cold`, does not
-wait), calibrates the method once, refits when the finished set has grown by ``refit_growth``,
-floors every predicted latency at the task's elapsed time and flags the tasks at or over the
-threshold (oracle p90, or estimated online by `straggler.core.threshold`); a flagged task is not
-evaluated again. Details: docs/architecture.md, "Methods and the job driver".
+``start_fraction`` of the tasks have finished, calibrates the method once, refits when the finished set
+has grown by ``refit_growth``, floors every predicted latency at the task's elapsed time and flags the
+tasks at or over the threshold (oracle p90, or estimated online by `straggler.core.threshold`); a
+flagged task is not evaluated again. Details: docs/architecture.md, "Methods and the job driver".
 """
 
 from __future__ import annotations
@@ -86,10 +85,9 @@ class OnlineJob:
         return self.state.job_id
 
     def ready(self) -> bool:
-        """Has the job finished enough tasks to start predicting? Always, for a method that needs no
-        finished task (`StragglerMethod.predicts_cold`)."""
+        """Has the job finished enough tasks to start predicting?"""
         needed = finished_needed(self.state.expected_tasks, self.start_fraction, self.min_finished)
-        return self.method.predicts_cold or self.state.n_finished >= needed
+        return self.state.n_finished >= needed
 
     def threshold_at(
         self, finished_latency: FloatArray, at: float, running_elapsed: FloatArray | None = None
@@ -129,10 +127,7 @@ class OnlineJob:
         ids = [t for t, flagged in zip(running.ids, is_flagged, strict=True) if not flagged]
         elapsed = running.elapsed[keep]
         threshold = self.threshold_at(finished.latency, at, running.elapsed)
-        # Before the job's first finish the threshold is unknown (infinite): only a method that
-        # predicts cold is asked then, and its verdicts alone flag.
-        cold = self.method.predicts_cold and not finished.latency.size
-        if not ids or not (math.isfinite(threshold) or cold):
+        if not ids or not math.isfinite(threshold):
             return None
         flagged_running = sorted(  # by task id (unique)
             (t, start)

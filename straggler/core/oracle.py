@@ -25,7 +25,6 @@ class Oracle(StragglerMethod):
     name: ClassVar[str] = "oracle"
     predicts_latency: ClassVar[bool] = False
     uses_future_information: ClassVar[bool] = True
-    predicts_cold: ClassVar[bool] = True
 
     def __init__(self) -> None:
         """No parameters; the truth comes through `reveal`."""

@@ -8,10 +8,8 @@ prediction buys a copy at once. A task that outruns the job's normal runs grows 
 stuck (it never ends by itself), so its expected remaining time grows with its elapsed time. The
 rule copies the prefix of candidates (ordered by the time a copy saves the task) that maximises
 ``saving / J - machine_price * extra / W``, under a per-job ``budget`` and optional ``machines``;
-Spark's rule (`SparkRule`) is its floor. Until the job has the finished tasks its predictions wait
-for (`straggler.core.online.finished_needed`) its curve is not trusted: a task at least
-`Speculate.cold_confidence` likely to straggle is then copied at once, within the budget.
-`Spark` is Spark's rule alone, `MantriDuplicate` Mantri's duplicate test on the same estimates.
+Spark's rule (`SparkRule`) is its floor. `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's
+duplicate test on the same estimates.
 
 The rule's derivation: docs/architecture.md, "Policies and speculation".
 """
@@ -26,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from straggler.core.arrays import FloatArray, IntArray
-from straggler.core.online import Decision, finished_needed
+from straggler.core.online import Decision
 from straggler.core.policies import Action, Hold, HoldKind, MitigationPolicy
 from straggler.core.survival import LatencySurvival
 
@@ -84,9 +82,6 @@ class _Job:
     """Which attempt of each finished task finished it."""
     outrun: list[tuple[str, int, float]] = field(default_factory=list)
     """(task, attempt, seconds it ran) of originals a copy finished before: at least that slow."""
-    cold_copies: int = 0
-    """Copies made while the job had too few finished tasks for a curve (`Speculate.cold_confidence`),
-    not yet charged to ``spent``: charged at one mean task's work each at its first trusted estimate."""
 
 
 @dataclass(frozen=True)
@@ -105,8 +100,6 @@ class CopyPlan:
     held: dict[str, HoldKind] = field(default_factory=dict)
     """Candidates left out, and why: ``price`` (not worth its machine time), ``budget`` (over the
     job's budget) or ``machines`` (no spare machine); a running task not here had no estimate."""
-    cold: bool = False
-    """Chosen by probability alone, before the job's curve is trusted (`Speculate.cold_confidence`)."""
 
 
 NO_PLAN = CopyPlan([], 0.0, 0.0, math.nan, math.nan)
@@ -196,14 +189,6 @@ class Speculate(MitigationPolicy):
     floor
         A rule whose copies are always made (within ``machines``, outside the budget): by default
         Spark's, so the policy never copies a hung task later than Spark's speculation would.
-    cold_confidence
-        Until the job has the finished tasks its predictions wait for (4 %, at least 2:
-        `straggler.core.online.finished_needed`) its curve is not trusted to price a copy; a task
-        whose straggle probability is at least this is then copied at once, within the budget (each
-        copy counted at one task's work). A copy started early is a fresh draw of the job's latency
-        and beats a true straggler (latency at or past the job's p90) about nine times in ten,
-        whatever the job's latencies. Only a method that predicts without finished tasks
-        (`predicts_cold`, today the oracle-fed control) gives verdicts then.
     """
 
     def __init__(
@@ -215,7 +200,6 @@ class Speculate(MitigationPolicy):
         grid_points: int = 256,
         stuck_prior: float = 0.001,
         floor: SparkRule | None = SPARK_LEGACY,
-        cold_confidence: float = 0.9,
     ) -> None:
         if not 0 < machine_price < math.inf:
             raise ValueError(f"machine_price must be a positive number, got {machine_price}")
@@ -234,9 +218,6 @@ class Speculate(MitigationPolicy):
             raise ValueError(f"stuck_prior must be in [0, 1), got {stuck_prior}")
         self.stuck_prior = stuck_prior
         self.floor = floor
-        if not cold_confidence > 0.0:
-            raise ValueError(f"cold_confidence must be positive (above 1: never), got {cold_confidence}")
-        self.cold_confidence = cold_confidence
         self.name = "speculate" if machines is None else f"speculate:{machines}"
         if machine_price != DEFAULT_MACHINE_PRICE:
             self.name += f"@{machine_price:g}"
@@ -325,9 +306,6 @@ class Speculate(MitigationPolicy):
                 job.flagged.add(d.task_id)
         # the checkpoint's estimate, made at most once and only when asked (Spark's rule never asks)
         estimate = functools.cache(lambda: _estimate(job, at, self.grid_points, self.stuck_prior))
-        if job.cold_copies and not _cold(job) and (first := estimate()) is not None:
-            job.spent += job.cold_copies * first.work / (len(job.finished) + len(job.running))
-            job.cold_copies = 0
         plan = self._with_floor(job, at, self.plan(job, at, estimate), estimate)
         for task_id in plan.tasks:
             running = job.running[task_id]
@@ -335,11 +313,6 @@ class Speculate(MitigationPolicy):
             job.copied.add(task_id)
             if self.floor is not None and task_id in plan.floor_tasks:
                 reason = f"copy: ran {at - running.start:.0f}s, {self.floor.describe(job)}"
-            elif plan.cold:
-                reason = (
-                    f"copy: too few of the job's tasks finished to price a copy, straggle probability "
-                    f"at least {self.cold_confidence:g}"
-                )
             else:
                 reason = (
                     f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
@@ -349,7 +322,6 @@ class Speculate(MitigationPolicy):
                 Action(job_id, task_id, "duplicate", at, reason + _p(running), at, running.attempt)
             )
         job.spent += plan.extra
-        job.cold_copies += len(plan.tasks) if plan.cold else 0
         self._hold(job_id, job, at, plan)
         return actions
 
@@ -405,8 +377,6 @@ class Speculate(MitigationPolicy):
     def plan(self, job: _Job, at: float, estimate: Estimate) -> CopyPlan:
         """The copies to start now (see the module docstring), from the checkpoint's ``estimate``;
         changes nothing."""
-        if _cold(job):
-            return self._cold_plan(job)
         est = estimate()
         if est is None or not len(est.candidates):
             return NO_PLAN
@@ -439,37 +409,6 @@ class Speculate(MitigationPolicy):
             return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
         chosen = [est.ids[i] for i in est.candidates[order[:left]]]
         return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work, held=held)
-
-    def _cold_plan(self, job: _Job) -> CopyPlan:
-        """While the job's curve is not trusted (`_cold`): the tasks at or over ``cold_confidence``,
-        most probable and then longest running first, within the budget (one task's work a copy,
-        counted over the tasks seen) and ``machines``."""
-        taken = job.copied | job.races.keys()
-        ranked = sorted(
-            (-r.probability, r.start, task_id)
-            for task_id, r in job.running.items()
-            if r.probability >= self.cold_confidence and task_id not in taken
-        )
-        seen = len(job.finished) + len(job.running)
-        budget_left = math.floor(self.budget * seen + 1e-9) - job.cold_copies
-        machines_left = math.inf if self.machines is None else self.machines - len(job.races)
-        chosen = [task_id for _, _, task_id in ranked[: max(int(min(budget_left, machines_left)), 0)]]
-        # a job too small for one copy within the budget waits for its curve
-        kind: HoldKind = (
-            "machines"
-            if machines_left < budget_left
-            else "budget"
-            if self.budget * seen >= 1
-            else "no_estimate"
-        )
-        held = {task_id: kind for _, _, task_id in ranked[len(chosen) :]}
-        return CopyPlan(chosen, 0.0, 0.0, math.nan, math.nan, held=held, cold=True)
-
-
-def _cold(job: _Job) -> bool:
-    """Whether the job has fewer finished tasks than its predictions wait for, over the tasks seen:
-    too few for its survival curve to price a copy."""
-    return len(job.finished) < finished_needed(len(job.finished) + len(job.running))
 
 
 def _p(running: _Running) -> str:
