@@ -218,14 +218,21 @@ def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_fre
     assert [e.event for e in events if isinstance(e, JobEvent) and e.job_id == job_id] == ["started", "ended"]
 
 
-def die_the_first_time(marker: str, x: int) -> int:
-    """The first attempt kills its worker's process mid-task (its nanny starts a fresh one)."""
+def exit_on_the_first_run(marker: str) -> None:
+    """The first run (it makes ``marker``) kills its worker's process mid-task (its nanny starts a
+    fresh one); a later run returns."""
     try:
         Path(marker).touch(exist_ok=False)
     except FileExistsError:
-        return x * 10
+        return
     time.sleep(0.5)
     os._exit(1)
+
+
+def die_the_first_time(marker: str, x: int) -> int:
+    """The first attempt kills its worker's process mid-task; Dask's run of it elsewhere returns."""
+    exit_on_the_first_run(marker)
+    return x * 10
 
 
 def test_a_job_whose_worker_dies_mid_task_completes_as_with_dask_alone(
@@ -281,13 +288,9 @@ def test_a_job_that_ended_leaves_only_its_winners_results_on_the_cluster(
 def die_then_run_until_cancelled(marker: str, rerun: str) -> str:
     """The first run kills its worker's process; Dask runs the attempt again elsewhere, and that run
     (it makes ``rerun``) goes on until it is cancelled."""
-    try:
-        Path(marker).touch(exist_ok=False)
-    except FileExistsError:
-        Path(rerun).touch()
-        return run_until_cancelled(60.0)
-    time.sleep(0.5)
-    os._exit(1)
+    exit_on_the_first_run(marker)
+    Path(rerun).touch()
+    return run_until_cancelled(60.0)
 
 
 def test_a_copy_decided_before_dask_ran_the_attempt_again_is_skipped(
