@@ -15,15 +15,15 @@ for such a task: the executor never copies nor relaunches it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError
 from types import TracebackType
 from typing import Any, Self
 
-from distributed import Client, Future, Queue, wait
+from distributed import Client, Future, Queue
 
 from producers.dask_telemetry import DEFAULT_INTERVAL_S, FEATURE_NAMES, PLUGIN_NAME, DaskTelemetry
 from producers.telemetry import TelemetryProducer
@@ -163,6 +163,22 @@ class SpeculativeFuture:
         """Attempt number -> its Dask future (the executor's copies and relaunches join as they come)."""
         self.winner: int | None = None
         self.job_ended = False
+        self._ended = threading.Event()
+        """Set when an attempt in ``_watched`` ends (by Dask's callback thread)."""
+        self._watched: set[int] = set()
+
+    def _wake_when_done(self, live: dict[int, Future]) -> None:
+        """Have each of the ``live`` attempts (by number) set ``_ended`` when it ends, once each.
+
+        Not `distributed.wait` with a timeout: the `TimeoutError` it raises is held in a reference
+        cycle with the frames it passed through, this one among them, so every future they name (the
+        job's results) stays on the cluster until Python's garbage collector runs; a worker that dies
+        meanwhile makes Dask compute them all again."""
+        ended = self._ended  # the callback holds the event only, not this future
+        for number, attempt in live.items():
+            if number not in self._watched:
+                self._watched.add(number)
+                attempt.add_done_callback(lambda _done: ended.set())
 
     def keep_only_the_winner(self) -> None:
         """The job has ended: hold the first finished attempt's future only (Dask keeps a result
@@ -181,12 +197,13 @@ class SpeculativeFuture:
         attempt once no attempt is left running, `TimeoutError` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self._ended.clear()  # before looking: an attempt that ends after the look wakes the wait
             self.job.poll_added_attempts()
             for number, attempt in sorted(self.attempts.items()):
                 if attempt.status == "finished":
                     self.winner = number
                     return attempt.result()
-            live = [a for a in self.attempts.values() if not a.done()]
+            live = {n: a for n, a in self.attempts.items() if not a.done()}
             failed = [a for a in self.attempts.values() if a.status == "error"]
             if not live and failed:
                 return failed[0].result()  # raises the attempt's error
@@ -199,8 +216,7 @@ class SpeculativeFuture:
                     f"task {self.task_id!r} of job {self.job.job_id!r} not done in {timeout} s"
                 )
             if live:
-                # cancelled meanwhile (a kill, a relaunch): the loop looks again
-                with contextlib.suppress(TimeoutError, CancelledError), self.job.client.as_current():
-                    wait(live, timeout=POLL_S, return_when="FIRST_COMPLETED")
+                self._wake_when_done(live)
+                self._ended.wait(POLL_S)  # or an attempt the executor adds: the loop looks again
             else:  # every attempt cancelled: a relaunch's new attempt is on its way
                 time.sleep(POLL_S)

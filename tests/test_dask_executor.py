@@ -158,6 +158,12 @@ def count_run(directory: str, x: int) -> int:
     return x
 
 
+def count_run_after(seconds: float, directory: str, x: int) -> int:
+    """`count_run`, after ``seconds``: long enough that waiting for it polls for a while."""
+    time.sleep(seconds)
+    return count_run(directory, x)
+
+
 def test_a_hung_task_is_copied_its_future_gets_the_copys_result_and_the_kill_frees_its_slot(
     kafka_bootstrap: str, topics: TopicNames, client: Client, cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -262,13 +268,15 @@ def test_a_job_that_ended_leaves_only_its_winners_results_on_the_cluster(
 ) -> None:
     """Its futures dropped, a job's results leave the workers at once, not when Python's garbage
     collector happens to run (a worker that died later made Dask compute them all again); a task
-    not done when its job ended raises `CancelledError` rather than wait forever."""
+    not done when its job ended raises `CancelledError` rather than wait forever. The tasks take a
+    while, so their results are waited for through several polls (a poll that timed out once kept
+    its future alive until the garbage collector ran)."""
     gc.disable()  # what the job leaves must go by reference counting alone
     try:
         with SpeculativeClient(client, kafka_bootstrap, topic_prefix=topics.prefix) as speculative:
             with speculative.job(f"ended-{uuid.uuid4().hex[:8]}", expected_tasks=4) as job:
                 job_id = job.job_id
-                futures = [job.submit(count_run, str(tmp_path), i) for i in range(3)]
+                futures = [job.submit(count_run_after, 1.0, str(tmp_path), i) for i in range(3)]
                 unfinished = job.submit(run_until_cancelled, 600.0, task_id="unfinished")
                 assert job.gather(futures, timeout=WAIT_S) == [0, 1, 2]
             kept = futures[1]
