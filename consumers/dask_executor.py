@@ -11,9 +11,10 @@ transaction's commands are never seen) and, for the tasks the adapter submitted
   but cannot stop a thread that runs it: the slot is free once the function returns, at once when
   it calls `straggler.dask_tasks.cancelled()` now and then; after ``kill_grace`` seconds still
   running, its worker is restarted (its nanny starts a fresh process), after the results it holds
-  have moved to other workers (a restart would lose them, and Dask would compute them again). The
-  log line and the
-  ``straggler_executor_kill_seconds`` histogram give how long that took and which way;
+  have moved to other workers (a restart would lose them, and Dask would compute them again). That
+  wait happens on a thread of its own (`SlotFreeing`): the executor carries out the next commands
+  meanwhile. A log line and the ``straggler_executor_kill_seconds`` histogram give how long freeing
+  the slot took and which way;
 - ``relaunch``: the next attempt is started (anywhere but the attempt's worker), then the attempt
   is killed as above.
 
@@ -78,6 +79,9 @@ queued, since the task it stands for has run, or straggled, already; behind them
 once they all had."""
 RESTART_TIMEOUT_S = 60.0
 """Longest wait for a restarted worker to come back."""
+STOP_WAIT_S = 5.0
+"""How long a stopping executor waits for the slots being freed (a restart under way goes on without
+it: the nanny finishes it)."""
 SCHEDULER_STATE: dict[str, AttemptStatus] = {
     "memory": "finished",
     "erred": "failed",
@@ -113,7 +117,11 @@ class DaskExecutor:
         self.metrics = ExecutorMetrics(lambda: self.stats)
         self.metrics_port, self.metrics_host = metrics_port, metrics_host
         self._ended: queue.SimpleQueue[tuple[str, str, int, AttemptStatus, float]] = queue.SimpleQueue()
-        """Attempts whose futures completed (from Dask's callback thread), for the book."""
+        """Attempts whose futures completed (from Dask's callback thread), or whose kill freed their
+        slot (from the freeing thread), for the book."""
+        self._freeing: dict[Any, threading.Thread] = {}
+        """Killed attempts whose slots are being freed, by key: the book counts their machine time
+        until the slot is free, not from the cancel."""
         self._watched: dict[Any, Future] = {}
         """Attempts whose end the book waits for, by key: held, so their callbacks stay registered."""
         self._client: Client | None = None
@@ -162,6 +170,9 @@ class DaskExecutor:
         finally:
             consumer.close()
             letters.flush(10.0)
+            for freeing in list(self._freeing.values()):
+                freeing.join(STOP_WAIT_S)
+            self._book_ended_attempts()
             client.close()
             self._client = None
         return self.stats
@@ -292,6 +303,8 @@ class DaskExecutor:
 
         def ended(done: Future) -> None:
             status = FUTURE_STATUS.get(str(done.status), "killed")
+            if status == "killed" and done.key in self._freeing:
+                return  # the kill's own thread says when its slot is free
             self._ended.put((job_id, task_id, attempt, status, time.time()))
 
         future.add_done_callback(ended)
@@ -350,26 +363,50 @@ class DaskExecutor:
         return None
 
     def _kill(self, job_id: str, task_id: str, attempt: int, future: Future, worker: str | None) -> str:
-        """Cancel the attempt and free its worker's slot: wait ``kill_grace`` for its thread to
-        return, else restart the worker. Returns how long that took, and how."""
-        started = time.monotonic()
+        """Cancel the attempt; its worker's slot is freed on a thread of its own (`_free_slot`), so
+        the next commands are carried out meanwhile. Returns what was done, for the log line."""
+        if future.key in self._freeing:
+            return f"attempt {attempt} is being killed already"
+        if worker is not None:  # before the cancel: its callback leaves the booking to the thread
+            self._freeing[future.key] = threading.Thread(
+                target=self._free_slot,
+                args=(job_id, task_id, attempt, future.key, worker, time.monotonic()),
+                name=f"free-slot-{job_id}-{task_id}-{attempt}",
+                daemon=True,
+            )
         self.client.cancel([future], force=True)
+        if worker is None:
+            self.metrics.kill_seconds.labels("returned").observe(0.0)
+            self.book.attempt_ended(job_id, task_id, attempt, "killed", time.time())
+            return f"attempt {attempt} killed (it was not running on a worker)"
+        self._freeing[future.key].start()
+        return f"attempt {attempt} cancelled; its slot on {worker} is being freed"
+
+    def _free_slot(
+        self, job_id: str, task_id: str, attempt: int, key: Any, worker: str, started: float
+    ) -> None:
+        """Wait ``kill_grace`` for the killed attempt's thread to return, else restart its worker;
+        then book the attempt as ended, and say how long that took, and how."""
         freed_by = "returned"
-        if worker is not None:
-            while self._running_on(worker, future.key):
+        try:
+            while self._running_on(worker, key):
                 if time.monotonic() - started >= self.kill_grace:
                     freed_by = self._restart(worker)
                     break
                 time.sleep(0.05)
-        took = time.monotonic() - started
-        self.metrics.kill_seconds.labels(freed_by).observe(took)
-        self.book.attempt_ended(job_id, task_id, attempt, "killed", time.time())
+        finally:
+            took = time.monotonic() - started
+            self.metrics.kill_seconds.labels(freed_by).observe(took)
+            self._ended.put((job_id, task_id, attempt, "killed", time.time()))
+            self._freeing.pop(key, None)
+        where = f"job {job_id} task {task_id} attempt {attempt}"
         if freed_by == "stuck":
-            return (
-                f"attempt {attempt} cancelled, but it still runs on {worker}: its slot frees when it returns"
+            log.warning(
+                "%s: cancelled, but it still runs on %s: its slot frees when it returns", where, worker
             )
+            return
         how = "its thread returned" if freed_by == "returned" else "its worker was restarted"
-        return f"attempt {attempt} killed, slot on {worker or 'no worker'} freed in {took:.2f} s ({how})"
+        log.info("%s: slot on %s freed %.2f s after the kill (%s)", where, worker, took, how)
 
     def _restart(self, worker: str) -> str:
         """Restart ``worker`` under its nanny; "restart", or "stuck" when it cannot be (no nanny, or
