@@ -29,14 +29,17 @@ attempt ended.
 
 A command for a task this cluster does not know, or that has ended, is skipped with a log line and
 counted (``straggler_executor_skips_total{kind}``), as is a copy or relaunch decided before the
-current run of an attempt that Dask runs again after its worker died (the scheduler counts the
-death; the worker that runs it says when the run began: `straggler.dask_tasks.attempt_run_started`).
+current run of an attempt that Dask runs again after its worker died, or while that run has not
+begun (the scheduler counts the death; the worker that runs it says when the run began:
+`straggler.dask_tasks.attempt_run_started`).
 A record that is not a valid relaunch command is dead-lettered with the reason (stage ``executor``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -275,22 +278,20 @@ class DaskExecutor:
         return record
 
     def _run_starts(self, record: TaskRecord, rerun: list[int]) -> dict[int, float]:
-        """When each of the ``rerun`` attempts (Dask ran them again: a worker died under them) began
-        its current run, asked of the worker that runs it (one queued, or on a worker that cannot
-        answer, is left out). Only those: a first run's start, on another machine's clock, is never
-        compared with the stream's."""
+        """When each of the ``rerun`` attempts (Dask runs them again: a worker died under them) began
+        its current run, asked of the worker that runs it; `math.inf` for one whose new run has not
+        begun (queued, not started on its worker, or on a worker that is gone): whatever the command
+        was decided on, it was the run that died. Only reruns: a first run's start, on another
+        machine's clock, is never compared with the stream's."""
         starts: dict[int, float] = {}
         for number in rerun:
             key = record.attempts[number].key
             worker = self._worker_of(key)
-            if worker is None:
-                continue
-            try:
-                started = self.client.run(attempt_run_started, key, workers=[worker]).get(worker)
-            except (OSError, KeyError):  # the worker is gone
-                continue
-            if started is not None:
-                starts[number] = float(started)
+            started = None
+            if worker is not None:
+                with contextlib.suppress(OSError, KeyError):  # the worker is gone
+                    started = self.client.run(attempt_run_started, key, workers=[worker]).get(worker)
+            starts[number] = math.inf if started is None else float(started)
         return starts
 
     def _watch(self, future: Future) -> None:

@@ -3,6 +3,9 @@ broker: which commands are carried out, which are skipped and why, each id once,
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
 from schemas import RelaunchCommand, command_id
@@ -143,6 +146,18 @@ def test_a_copy_decided_before_the_attempts_current_run_began_is_skipped() -> No
     for action in ("duplicate", "relaunch"):
         decision = book.decide(order(action))
         assert isinstance(decision, Skip) and decision.kind == "restarted", action
+
+
+def test_a_copy_of_an_attempt_whose_new_run_has_not_begun_is_skipped() -> None:
+    """Dask runs the attempt again (its worker died), but the new run is still queued (`math.inf`):
+    the command can only have been decided on the run that died."""
+    book = ExecutionBook()
+    book.observe("j", "t1", True, {0: "live"}, at=5.0, run_started={0: math.inf})
+    decision = book.decide(dataclasses.replace(order("duplicate"), checkpoint_time=4.0))
+    assert isinstance(decision, Skip) and decision.kind == "restarted"
+    assert "has not begun its new run" in decision.reason
+    book.observe("j", "t1", True, {0: "live"}, at=7.0, run_started={0: 6.0})  # it began at 6.0
+    assert book.decide(dataclasses.replace(order("duplicate"), checkpoint_time=6.5)) == Copy("j", "t1", 0, 1)
 
 
 def test_a_copy_decided_during_the_attempts_current_run_is_made() -> None:

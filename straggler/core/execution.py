@@ -11,13 +11,14 @@ Attempt numbers follow the command schema: a copy of attempt ``a`` is attempt ``
 relaunch of ``a`` restarts it as ``a + 1``, so the mitigator's later ``kill`` names the attempt the
 executor made. A task that is not copyable (it has side effects) is never copied nor relaunched; a
 kill that would stop the task's last live attempt before any attempt finished is refused (the
-user's result would be lost). A copy or relaunch decided before the attempt's current run began
-(the cluster ran it again, its worker having died) is skipped: it was decided on the run that died,
-and the new run has not been seen straggling.
+user's result would be lost). A copy or relaunch decided before the attempt's current run began,
+or while it has not begun (the cluster runs it again, its worker having died), is skipped: it was
+decided on the run that died, and the new run has not been seen straggling.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -84,7 +85,7 @@ class AttemptRun:
     ended: float | None = None
     run_started: float | None = None
     """When its current run began on the cluster, where known: later than its first start when the
-    cluster ran it again (its worker died)."""
+    cluster ran it again (its worker died); `math.inf` while that new run has not begun."""
 
 
 @dataclass
@@ -201,11 +202,13 @@ class ExecutionBook:
             return Skip("ended_attempt", f"attempt {attempt} of task {task_id!r} has ended already")
         started = task.attempts[attempt].run_started
         if started is not None and started > command.checkpoint_time:
+            new_run = (
+                "has not begun its new run" if math.isinf(started) else f"began a new run at {started:.3f}"
+            )
             return Skip(
                 "restarted",
-                f"attempt {attempt} of task {task_id!r} began a new run at {started:.3f}, after the "
-                f"command was decided at {command.checkpoint_time:.3f} (its worker died and the "
-                "cluster runs it again)",
+                f"attempt {attempt} of task {task_id!r} {new_run}, after the command was decided at "
+                f"{command.checkpoint_time:.3f} (its worker died and the cluster runs it again)",
             )
         new_attempt = attempt + 1
         if new_attempt in task.attempts:
