@@ -350,7 +350,10 @@ def test_open_loop_replay_follows_the_protocol(kafka_bootstrap: str, fresh_topic
 
 class FakePipeline(threading.Thread):
     """Stands in for the agent and the mitigation consumer: answers every boundary with a marker,
-    writes the given commands in a transaction, then commits the mitigator group past the marker."""
+    then, in one transaction as the mitigation consumer does, writes the given commands and commits
+    the mitigator group past the marker and the boundary (offsets committed apart, after the
+    transaction, could be seen before its commands: `commit_transaction` returns before the broker
+    has written the markers that make them readable)."""
 
     def __init__(
         self,
@@ -427,21 +430,20 @@ class FakePipeline(threading.Thread):
         agent.flush(30)
         partition, offset = where[0]
         commands = self.commands.get((boundary.job_id, boundary.checkpoint_time), [])
-        if commands:
-            mitigator.begin_transaction()
-            for command in commands:
-                mitigator.produce(self.topics.commands, encode(command), command.job_id.encode())
-            mitigator.commit_transaction(30)
-        # like the real consumer: committed past both the marker and the job's boundary
         boundary_partition, boundary_offset = boundary_message.partition(), boundary_message.offset()
         assert boundary_partition is not None and boundary_offset is not None
-        committer.commit(
-            offsets=[
+        mitigator.begin_transaction()
+        for command in commands:
+            mitigator.produce(self.topics.commands, encode(command), command.job_id.encode())
+        mitigator.send_offsets_to_transaction(
+            [
                 TopicPartition(self.topics.predictions, partition, offset + 1),
                 TopicPartition(self.topics.checkpoints, boundary_partition, boundary_offset + 1),
             ],
-            asynchronous=False,
+            committer.consumer_group_metadata(),
+            30,
         )
+        mitigator.commit_transaction(30)
         self.markers += 1
 
 
