@@ -12,7 +12,7 @@ transaction's commands are never seen) and, for the tasks the adapter submitted
   it calls `straggler.dask_tasks.cancelled()` now and then; after ``kill_grace`` seconds still
   running, its worker is restarted (its nanny starts a fresh process), after the results it holds
   have moved to other workers (a restart would lose them, and Dask would compute them again). That
-  wait happens on a thread of its own (`SlotFreeing`): the executor carries out the next commands
+  wait happens on a thread of its own (`DaskExecutor._free_slot`): the executor carries out the next commands
   meanwhile. A log line and the ``straggler_executor_kill_seconds`` histogram give how long freeing
   the slot took and which way;
 - ``relaunch``: the next attempt is started (anywhere but the attempt's worker), then the attempt
@@ -395,6 +395,9 @@ class DaskExecutor:
                     freed_by = self._restart(worker)
                     break
                 time.sleep(0.05)
+        except Exception as exc:  # the client closed under it (the executor stopping): said, not raised
+            log.warning("could not see the killed attempt's slot on %s freed: %s", worker, exc)
+            freed_by = "stuck"
         finally:
             took = time.monotonic() - started
             self.metrics.kill_seconds.labels(freed_by).observe(took)
