@@ -81,8 +81,8 @@ class GroupCommit:
            3, the records read again rebuild them: an observation applied again changes nothing,
            and a task row never holds a change from after its job row (nothing is handled meanwhile);
         4. the models the durable job rows no longer name are deleted;
-        5. the records handled before 1, but those still waiting for their job's start, are handed
-           out to be acknowledged.
+        5. the records handled before 1 are handed out to be acknowledged, but those still waiting
+           for their job's start and those behind them in their partition (`held_back`).
         """
         records, self._handled, generation = self._handled, [], self._generation
         self._last_commit = self.clock()
@@ -98,6 +98,24 @@ class GroupCommit:
         self.store.retire_models(written)  # 4
         if generation != self._generation:
             return []  # released meanwhile: the partitions' next owners read them again
-        waiting = self.waiting_for_start()  # 5
-        self._handled = [r for r in records if r.position in waiting] + self._handled
-        return [r for r in records if r.position not in waiting]
+        held = held_back(records, self.waiting_for_start())  # 5
+        self._handled = [r for r in records if r.position in held] + self._handled
+        return [r for r in records if r.position not in held]
+
+
+def held_back(records: list[InputRecord], waiting: set[Position]) -> set[Position]:
+    """The records not to acknowledge yet: those waiting for their job's start, and every record at a
+    later offset of the same partition.
+
+    Faust commits a partition up to the end of the first run of consecutive acknowledged offsets,
+    checking it against the committed offset only when there is one and allowing one offset between
+    them: a record acknowledged behind a waiting one could carry the commit past it, and a worker
+    killed before the job's start arrived would then lose the waiting record."""
+    first: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in waiting:
+        first[(topic, partition)] = min(offset, first.get((topic, partition), offset))
+    return {
+        r.position
+        for r in records
+        if (r.topic, r.partition) in first and r.offset >= first[(r.topic, r.partition)]
+    }

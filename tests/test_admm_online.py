@@ -19,7 +19,7 @@ from harness.small_jobs import make_job
 from pipeline.admm_online import table_changelog
 from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
-from schemas import CheckpointEvaluated, decode_each
+from schemas import CheckpointEvaluated, DeadLetter, decode_each
 from straggler.core.admm import (
     NodeData,
     fit_consensus,
@@ -120,6 +120,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
         "--admm-interval", "0.1",
         "--partitions", str(N),
         "--datadir", str(tmp_path / "faust"),
+        "--loglevel", "info",  # Faust's rebalances and recoveries, for `_worker_story`
     ]  # fmt: skip
     started = time.monotonic()
     records: list[ConsensusRecord] = []
@@ -139,11 +140,22 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
         elapsed = time.monotonic() - started
         markers = [e for v in read_topic(kafka_bootstrap, topics.predictions) for e in decode_each(v)]
         messages = [RoundMessage.decode(v) for v in read_topic(kafka_bootstrap, topics.admm_online_exchange)]
+        letters = [
+            (e.source_topic, e.source_offset, e.error)
+            for v in read_topic(kafka_bootstrap, topics.dead_letters)
+            for e in decode_each(v)
+            if isinstance(e, DeadLetter)
+        ]
     assert records, "no consensus round was published"
     final = records[-1]
     print(f"ADMM in the worker: {final.round} rounds in {elapsed:.1f}s, |z - z_ref| = "
           f"{float(np.max(np.abs(final.z - z_ref))):.2e}")  # fmt: skip
-    assert final.rows == sum(d.n for d in raw), _worker_story(tmp_path / "worker.log")
+    expected = {p: d.n for p, d in enumerate(raw) if d.n}
+    sent_rows = {m.node: m.rows for m in messages if m is not None and m.round == final.round and m.rows}
+    assert final.rows == sum(d.n for d in raw), (
+        f"rows per node, expected {expected}, in round {final.round} {sent_rows}\n"
+        f"dead letters: {letters}\n" + _worker_story(tmp_path / "worker.log")
+    )
     np.testing.assert_allclose(final.moments, pooled, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(final.z, z_ref, rtol=0, atol=CONVERGED)
     sent = [m for m in messages if m is not None]

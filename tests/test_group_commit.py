@@ -17,11 +17,10 @@ def record(offset: int, partition: int = 0) -> InputRecord:
 
 
 def commits_at(now: list[float], waiting: set[int] | None = None) -> GroupCommit:
+    """``waiting``: the offsets of partition 0 whose job has not started."""
     store = JobStore({}, {}, {}, make_job=new_online_job(lambda: make_method("nurd", 0), {}))
     pending = set() if waiting is None else waiting
-    return GroupCommit(
-        store, lambda: {("in", 0, o) for o in pending} | {("in", 1, o) for o in pending}, 0.5, lambda: now[0]
-    )
+    return GroupCommit(store, lambda: {("in", 0, o) for o in pending}, 0.5, lambda: now[0])
 
 
 async def nothing() -> None:
@@ -56,6 +55,18 @@ def test_records_are_handed_out_in_the_order_handled_but_those_waiting_for_their
     waiting.clear()
     commits.handled(record(4))
     assert commit(commits) == [2, 4]
+
+
+def test_a_record_behind_one_waiting_for_its_jobs_start_waits_with_it() -> None:
+    """Faust would commit the partition past the waiting record on the later one's acknowledgement."""
+    waiting = {2}
+    commits = commits_at([0.0], waiting)
+    for offset in (1, 2, 3, 4):
+        commits.handled(record(offset))
+    commits.handled(record(5, partition=1))
+    assert commit(commits) == [1, 5], "partition 0 from offset 2 waits; partition 1 does not"
+    waiting.clear()
+    assert commit(commits) == [2, 3, 4]
 
 
 def test_records_released_are_never_handed_out_even_by_a_commit_under_way() -> None:
