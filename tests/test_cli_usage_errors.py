@@ -1,9 +1,9 @@
 """Every ``straggler`` subcommand refuses a wrong option value at once: exit status 2, one line on
 stderr naming the option, no traceback, before it touches a broker, a trace or a child process.
 
-Each case runs as a command (``python -m straggler.cli``). Where a command would otherwise connect,
-its bootstrap is a port nothing listens on; the subprocess timeout (of ``straggler``) is only a
-hang guard.
+Each case runs as its own process, forked from one that imported the CLI once
+(`harness.cli_process`). Where a command would otherwise connect,
+its bootstrap is a port nothing listens on; the process timeout is only a hang guard.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 
 import pytest
-from test_cli_commands import straggler
+from harness.cli_process import run_cli
+from test_cli_commands import ROOT, TIMEOUT_S, straggler
 
 NOBODY = "127.0.0.1:1"
 """A bootstrap address nothing listens on: a command that got past its options would fail or hang."""
@@ -118,7 +119,7 @@ WRONG_VALUES = {
 def test_a_wrong_option_value_fails_in_one_line_with_exit_2(case: str, tmp_path: Path) -> None:
     argv, option = WRONG_VALUES[case]
     argv = [str(tmp_path / a) if a in ("OUT", "NOWHERE") else a for a in argv]
-    result = straggler(*argv)
+    result = run_cli(argv, ROOT, TIMEOUT_S)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr

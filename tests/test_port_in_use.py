@@ -1,7 +1,7 @@
 """Every stage that listens, started on a port already taken (issue #42, item 3): one line on stderr
 naming the port and the option that sets it, exit status 2, and nothing that says it serves there.
 
-Each command runs as a command (``python -m straggler.cli``) while this test holds a port it was just
+Each command runs as its own process (`harness.cli_process`) while this test holds a port it was just
 given by the system, listening on 127.0.0.1. The bootstrap address refuses connections: a stage that
 contacted Kafka before its port would give up on the broker instead (exit 1), after its
 ``--broker-timeout``.
@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_cli_commands import straggler
+from harness.cli_process import run_cli
+from test_cli_commands import ROOT, TIMEOUT_S
 from test_reachability import unused_address
 
 COMMANDS = {
@@ -42,8 +43,10 @@ def test_a_stage_on_a_port_in_use_says_so_in_one_line_naming_the_port_and_its_op
 ) -> None:
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in COMMANDS[case][0]]
     option = COMMANDS[case][1]
-    result = straggler(
-        *argv, "--bootstrap", unused_address(), "--broker-timeout", "3", option, str(held_port)
+    result = run_cli(
+        [*argv, "--bootstrap", unused_address(), "--broker-timeout", "3", option, str(held_port)],
+        ROOT,
+        TIMEOUT_S,
     )
     said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert result.returncode == 2, said

@@ -3,8 +3,9 @@ give up within ``--broker-timeout`` with one line naming the address, and print 
 the mitigator, meant to wait for its broker, says so once and stops within 10 s of SIGTERM; the SDK
 raises at the call that could not deliver.
 
-Each command runs as a command (``python -m straggler.cli``) against a port that refuses connections,
-found at test time (`test_reachability.unused_address`).
+Each command runs as its own process (`harness.cli_process`; the mitigator's SIGTERM case as
+``python -m straggler.cli``) against a port that refuses connections, found at test time
+(`test_reachability.unused_address`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cli_commands import ROOT, straggler
+from harness.cli_process import run_cli
+from test_cli_commands import ROOT, TIMEOUT_S
 from test_reachability import unused_address
 
 from producers.telemetry import TelemetryProducer
@@ -62,7 +64,7 @@ def test_a_command_gives_up_within_its_bound_in_one_line_naming_the_address(
     free_port = unused_address().rpartition(":")[2]
     argv = [{"PORT": free_port, "OUT": str(tmp_path / "out")}.get(a, a) for a in COMMANDS[case]]
     started = time.monotonic()
-    result = straggler(*argv, "--bootstrap", address, "--broker-timeout", str(BOUND_S))
+    result = run_cli([*argv, "--bootstrap", address, "--broker-timeout", str(BOUND_S)], ROOT, TIMEOUT_S)
     elapsed = time.monotonic() - started
     assert result.returncode == 1, result.stderr
     assert BOUND_S <= elapsed < BOUND_S + STARTUP_S, elapsed
