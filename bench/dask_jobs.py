@@ -396,7 +396,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         broker(args.bootstrap) as bootstrap,
         dask.config.set({LOST_WORKER_TIMEOUT: "1h"}),
         LocalCluster(
-            n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=WORKERS,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
         ) as cluster,
         Client(cluster) as client,
     ):

@@ -59,7 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="worker-restarts-") as tmp,
         dask.config.set({"distributed.deploy.lost-worker-timeout": args.lost_worker_timeout}),
         LocalCluster(
-            n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=WORKERS,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
         ) as cluster,
         Client(cluster) as client,
     ):

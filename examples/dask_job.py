@@ -28,7 +28,9 @@ if __name__ == "__main__":
         (
             nullcontext(SCHEDULER)
             if SCHEDULER
-            else LocalCluster(n_workers=3, threads_per_worker=1, scheduler_port=8786)
+            else LocalCluster(
+                n_workers=3, threads_per_worker=1, scheduler_port=8786, dashboard_address="127.0.0.1:8787"
+            )
         ) as cluster,
         Client(cluster) as client,
         SpeculativeClient(client, BROKER) as speculative,

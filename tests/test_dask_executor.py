@@ -53,7 +53,11 @@ def cluster() -> Iterator[LocalCluster]:
     with (
         dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}),
         LocalCluster(
-            n_workers=WORKERS, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=WORKERS,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
         ) as local,
     ):
         yield local
