@@ -45,8 +45,10 @@ def _main(argv: list[str], cwd: str, stdout_path: str, stderr_path: str) -> None
 
     try:
         code = main(argv)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
+    except SystemExit as stop:  # as the interpreter ends on it: None is 0, any other object is printed, 1
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
         code = 1
