@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from harness.small_jobs import make_job
+from harness.worker_story import dead_letters, worker_story
 
 from pipeline.admm_online import table_changelog
 from pipeline.settings import WorkerSettings, app_id
 from producers.replayer import TraceReplayer
-from schemas import CheckpointEvaluated, DeadLetter, decode_each
+from schemas import CheckpointEvaluated, decode_each
 from straggler.core.admm import (
     NodeData,
     fit_consensus,
@@ -120,7 +121,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
         "--admm-interval", "0.1",
         "--partitions", str(N),
         "--datadir", str(tmp_path / "faust"),
-        "--loglevel", "info",  # Faust's rebalances and recoveries, for `_worker_story`
+        "--loglevel", "info",  # Faust's rebalances and recoveries, for `worker_story`
     ]  # fmt: skip
     started = time.monotonic()
     records: list[ConsensusRecord] = []
@@ -140,12 +141,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
         elapsed = time.monotonic() - started
         markers = [e for v in read_topic(kafka_bootstrap, topics.predictions) for e in decode_each(v)]
         messages = [RoundMessage.decode(v) for v in read_topic(kafka_bootstrap, topics.admm_online_exchange)]
-        letters = [
-            (e.source_topic, e.source_offset, e.error)
-            for v in read_topic(kafka_bootstrap, topics.dead_letters)
-            for e in decode_each(v)
-            if isinstance(e, DeadLetter)
-        ]
+        letters = dead_letters(kafka_bootstrap, topics.dead_letters)
     assert records, "no consensus round was published"
     final = records[-1]
     print(f"ADMM in the worker: {final.round} rounds in {elapsed:.1f}s, |z - z_ref| = "
@@ -154,7 +150,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
     sent_rows = {m.node: m.rows for m in messages if m is not None and m.round == final.round and m.rows}
     assert final.rows == sum(d.n for d in raw), (
         f"rows per node, expected {expected}, in round {final.round} {sent_rows}\n"
-        f"dead letters: {letters}\n" + _worker_story(tmp_path / "worker.log")
+        f"dead letters: {letters}\n" + worker_story(tmp_path / "worker.log")
     )
     np.testing.assert_allclose(final.moments, pooled, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(final.z, z_ref, rtol=0, atol=CONVERGED)
@@ -164,14 +160,6 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
     assert with_rows == set(range(N))
     assert {m.node for m in sent if m.rows > 0} == {partition_of(j.job_id, N) for j in jobs}
     assert any(isinstance(e, CheckpointEvaluated) for e in markers), "the agent went on evaluating"
-
-
-def _worker_story(log: Path) -> str:
-    """The worker log's lines that explain missing rows: rebalances, recoveries, dead letters, errors."""
-    keep = ("rebalanc", "recover", "assign", "revok", "dead", "warning", "error", "started:", "ended at")
-    lines = log.read_text(errors="replace").splitlines()
-    lines = [line for line in lines if any(k in line.lower() for k in keep)]
-    return "worker log:\n" + "\n".join(lines[-60:])
 
 
 def test_a_job_predicts_with_the_latest_consensus_and_no_straggler_before_round_1() -> None:
