@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from harness.small_jobs import make_job
-from harness.worker_story import dead_letters, worker_story
+from harness.worker_story import worker_story
 
 from pipeline.admm_online import table_changelog
 from pipeline.settings import WorkerSettings, app_id
@@ -141,7 +141,6 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
         elapsed = time.monotonic() - started
         markers = [e for v in read_topic(kafka_bootstrap, topics.predictions) for e in decode_each(v)]
         messages = [RoundMessage.decode(v) for v in read_topic(kafka_bootstrap, topics.admm_online_exchange)]
-        letters = dead_letters(kafka_bootstrap, topics.dead_letters)
     assert records, "no consensus round was published"
     final = records[-1]
     print(f"ADMM in the worker: {final.round} rounds in {elapsed:.1f}s, |z - z_ref| = "
@@ -150,7 +149,7 @@ def test_the_worker_runs_admm_over_its_partitions_and_reaches_fit_consensus(
     sent_rows = {m.node: m.rows for m in messages if m is not None and m.round == final.round and m.rows}
     assert final.rows == sum(d.n for d in raw), (
         f"rows per node, expected {expected}, in round {final.round} {sent_rows}\n"
-        f"dead letters: {letters}\n" + worker_story(tmp_path / "worker.log")
+        + worker_story(kafka_bootstrap, topics.dead_letters, tmp_path / "worker.log")
     )
     np.testing.assert_allclose(final.moments, pooled, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(final.z, z_ref, rtol=0, atol=CONVERGED)

@@ -19,7 +19,7 @@ from typing import Any, cast
 import orjson
 import pytest
 from harness.small_jobs import make_job
-from harness.worker_story import dead_letters, worker_story
+from harness.worker_story import worker_story
 from prometheus_client.parser import text_string_to_metric_families
 
 from consumers.mitigation import MitigationConsumer
@@ -335,7 +335,6 @@ def test_worker_and_mitigator_metrics_after_a_replay(kafka_bootstrap: str, tmp_p
         w, m, outputs, prediction_records = cast(
             tuple[Samples, Samples, list[Any], int], _eventually(caught_up)
         )
-        letters = dead_letters(kafka_bootstrap, topics.dead_letters)
         commands = [
             e
             for v in read_topic(kafka_bootstrap, topics.commands)
@@ -347,11 +346,14 @@ def test_worker_and_mitigator_metrics_after_a_replay(kafka_bootstrap: str, tmp_p
     markers = [e for e in outputs if isinstance(e, CheckpointEvaluated)]
     flags = sum(p.is_straggler for p in predictions)
     assert predictions and flags and commands, "the scenario must predict, flag and command"
+
     # the worker: what it consumed is what was produced; what it counts is what it wrote (a miss says
     # where records went: Faust's rebalances and recoveries are in its log at --loglevel info)
-    story = f"dead letters: {letters}\n{worker_story(tmp_path / 'worker.log')}"
-    assert _total(w, "straggler_worker_events_total") == inputs, story
-    assert _total(w, "straggler_worker_task_observations_total") == result.observations_produced + 1, story
+    def story() -> str:
+        return worker_story(kafka_bootstrap, topics.dead_letters, tmp_path / "worker.log")
+
+    assert _total(w, "straggler_worker_events_total") == inputs, story()
+    assert _total(w, "straggler_worker_task_observations_total") == result.observations_produced + 1, story()
     assert _total(w, "straggler_worker_predictions_total") == len(predictions)
     assert _total(w, "straggler_worker_flags_total") == flags
     assert w["straggler_worker_dead_letters_total"][(("kind", "payload"),)] == 1
