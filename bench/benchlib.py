@@ -109,6 +109,26 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         yield started
 
 
+@contextmanager
+def dask_cluster(workers: int) -> Iterator[Any]:
+    """A `LocalCluster` of ``workers`` process workers with one thread each, every server on
+    127.0.0.1, and a ``Client`` of it once every worker is up: yields the client."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(workers, timeout=120)
+        yield client
+
+
 def fresh_prefix(kind: str) -> str:
     """A topic prefix no earlier run used, so runs on one broker never see each other's records."""
     return f"bench-{kind}-{uuid.uuid4().hex[:8]}-"

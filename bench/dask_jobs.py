@@ -26,7 +26,8 @@ work.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/dask_jobs.py --reps 5 --json docs/results/dask/dask_jobs.json
 
-Run it alone on a quiet machine: every figure is wall-clock time.
+Run it alone on a quiet machine: every figure is wall-clock time. ``--policies oracle-copy`` (never
+a default) adds `ORACLE`, how much copies could win back of the slow worker's cost.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from typing import Any
 
 import dask_work
 import numpy as np
-from benchlib import REPO, broker, machine, table, wait_group_stable, write_outputs
+from benchlib import REPO, broker, dask_cluster, machine, table, wait_group_stable, write_outputs
 from dask_work import SLOWDOWN, Fault, InputFile, planned_seconds, run_task, write_input
 from matplotlib.figure import Figure
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,6 +62,11 @@ from straggler.replay import child_process
 SCENARIOS = ("clean", "hung-task", "slow-worker", "input-skew", "worker-dies")
 """``clean`` is the jobs without a fault: under a policy, what the stream costs a healthy job."""
 POLICIES = ("alone", "spark", "spark-legacy", "speculate+reactive", "speculate+nurd")
+ORACLE = "oracle-copy"
+"""Evaluation only, never a default: told which worker is slow, it copies each attempt on the slow
+worker the moment a usual worker has nothing to do, through the same executor, without the stream's
+worker and mitigator (so with none of their lag and none of their CPU). How much of the slow worker's
+cost copies could win back on this cluster (``--scenarios slow-worker --policies oracle-copy``)."""
 WORKERS = 4
 LOST_WORKER_TIMEOUT = "distributed.deploy.lost-worker-timeout"
 """A `LocalCluster` closes a worker's nanny for good when, this long (15 s by default) after the
@@ -107,6 +113,8 @@ class Pipeline:
 
     @contextlib.contextmanager
     def running(self, client: Any) -> Iterator[Pipeline]:
+        """The stages and the adapter, each stage consuming before the first job (its start is not the
+        first job's delay). Under the `ORACLE`, the executor alone: the oracle sends the commands."""
         from producers.dask_job import SpeculativeClient
 
         policy, _, method = self.policy.partition("+")
@@ -126,20 +134,20 @@ class Pipeline:
             "dask-executor", *common, "--scheduler", self.scheduler, "--group", f"{self.prefix}executor",
             "--metrics-port", str(self.metrics_port),
         ]  # fmt: skip
-        logs = self.workdir / self.prefix
-        with (
-            child_process(worker, Path(f"{logs}worker.log")),
-            child_process(mitigator, Path(f"{logs}mitigator.log")),
-            child_process(executor, Path(f"{logs}executor.log")),
-            SpeculativeClient(
-                client, self.bootstrap, topic_prefix=self.prefix, interval=self.interval
-            ) as self.speculative,
-        ):
-            # every stage consuming before the first job: its start is not the first job's delay
+        stages = {"executor": (f"{self.prefix}executor", executor)}  # name: (consumer group, command)
+        if self.policy != ORACLE:
             settings = WorkerSettings(self.bootstrap, topics=TopicNames(self.prefix))
-            wait_group_stable(self.bootstrap, app_id(settings), timeout=120)
-            wait_group_stable(self.bootstrap, f"{self.prefix}mitigation", timeout=120)
-            wait_group_stable(self.bootstrap, f"{self.prefix}executor", timeout=120)
+            worker_group, mitigator_group = app_id(settings), f"{self.prefix}mitigation"
+            stages = {"worker": (worker_group, worker), "mitigator": (mitigator_group, mitigator), **stages}
+        logs = self.workdir / self.prefix
+        with contextlib.ExitStack() as running:
+            for name, (_, args) in stages.items():
+                running.enter_context(child_process(args, Path(f"{logs}{name}.log")))
+            self.speculative = running.enter_context(
+                SpeculativeClient(client, self.bootstrap, topic_prefix=self.prefix, interval=self.interval)
+            )
+            for group, _ in stages.values():
+                wait_group_stable(self.bootstrap, group, timeout=120)
             self.executor_counters()
             yield self
 
@@ -229,7 +237,11 @@ def run_streamed(
     """The job through the adapter, its telemetry and the executor's commands: its completion time,
     None past ``bound``."""
     job_id = f"bench-{uuid.uuid4().hex[:8]}"
-    with pipeline.speculative.job(job_id, expected_tasks=len(seconds)) as job:
+    oracle: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if pipeline.policy == ORACLE:
+        assert fault is not None  # main() runs the oracle on slow-worker jobs only
+        oracle = copying_off_the_slow_worker(pipeline, job_id, fault.slow_worker)
+    with pipeline.speculative.job(job_id, expected_tasks=len(seconds)) as job, oracle:
         started = time.monotonic()
         futures = [
             job.submit(run_task, i, s, data, fault)
@@ -240,6 +252,55 @@ def run_streamed(
         except TimeoutError:
             return None
         return time.monotonic() - started
+
+
+@contextlib.contextmanager
+def copying_off_the_slow_worker(pipeline: Pipeline, job_id: str, slow_worker: str) -> Iterator[None]:
+    """The `ORACLE`: while the block runs, each first attempt of the job that the scheduler has on the
+    slow worker (running, or waiting there) is copied, by a ``duplicate`` command to the executor, as
+    soon as a usual worker has nothing to do: one copy per idle worker, each attempt once."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from schemas import RelaunchCommand, command_id, encode
+    from straggler.dask_tasks import parse_attempt_key
+    from straggler.kafka.config import producer_config
+
+    client = pipeline.speculative.client
+    topic = TopicNames(pipeline.prefix).commands
+    producer = Producer(producer_config(pipeline.bootstrap))
+    stop = threading.Event()
+    copied: set[str] = set()
+
+    def watch() -> None:
+        while not stop.wait(0.05):
+            names = {a: str(w["name"]) for a, w in client.scheduler_info()["workers"].items()}
+            processing = client.processing()
+            slow = [a for a, name in names.items() if name == slow_worker]
+            idle = [a for a in names if a not in slow and not processing.get(a)]
+            on_slow = [parse_attempt_key(k) for a in slow for k in processing.get(a, ())]
+            mine = [p for p in on_slow if p is not None and p[0] == job_id and p[2] == 0]
+            mine = [p for p in mine if p[1] not in copied]
+            for (_, task_id, _), _ in zip(mine, idle, strict=False):
+                now = time.time()
+                command = RelaunchCommand(
+                    command_id=command_id(job_id, task_id, "duplicate", "oracle"),
+                    job_id=job_id, task_id=task_id, action="duplicate", reason="oracle: on the slow worker",
+                    policy=ORACLE, issued_at=now, checkpoint_time=now, attempt=0,
+                )  # fmt: skip
+                producer.produce(topic, key=job_id.encode(), value=encode(command))
+                copied.add(task_id)
+            producer.poll(0)
+
+    thread = threading.Thread(target=watch, name="oracle-copy", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        producer.flush(30)
 
 
 def one_run(
@@ -299,7 +360,7 @@ def summarise(runs: list[Run]) -> list[dict[str, Any]]:
     for scenario in SCENARIOS:
         alone = [r.jct for r in runs if r.scenario == scenario and r.policy == "alone"]
         alone_mean = float(np.mean(alone)) if alone else math.nan
-        for policy in POLICIES:
+        for policy in (*POLICIES, ORACLE):
             mine = [r for r in runs if r.scenario == scenario and r.policy == policy]
             if not mine:
                 continue
@@ -376,17 +437,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scenarios = [s for s in args.scenarios.split(",") if s]
     policies = [p for p in args.policies.split(",") if p]
-    unknown = [s for s in scenarios if s not in SCENARIOS] + [p for p in policies if p not in POLICIES]
+    unknown = [s for s in scenarios if s not in SCENARIOS] + [
+        p for p in policies if p not in (*POLICIES, ORACLE)
+    ]
     if unknown or args.reps < 1 or args.tasks < WORKERS or not args.interval > 0 or not args.bound > 0:
         print(
-            f"error: unknown {unknown} or a bad number; scenarios {SCENARIOS}, policies {POLICIES}",
+            f"error: unknown {unknown} or a bad number; scenarios {SCENARIOS}, "
+            f"policies {(*POLICIES, ORACLE)}",
             file=sys.stderr,
         )
         return 2
 
+    if ORACLE in policies and set(scenarios) != {"slow-worker"}:
+        print(f"error: {ORACLE} knows the slow worker only: pass --scenarios slow-worker", file=sys.stderr)
+        return 2
+
     import cloudpickle
     import dask
-    from distributed import Client, LocalCluster
 
     cloudpickle.register_pickle_by_value(dask_work)  # the workers need not import it
     runs: list[Run] = resumed(args)
@@ -395,18 +462,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="dask-jobs-") as tmp,
         broker(args.bootstrap) as bootstrap,
         dask.config.set({LOST_WORKER_TIMEOUT: "1h"}),
-        LocalCluster(
-            n_workers=WORKERS,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-        ) as cluster,
-        Client(cluster) as client,
+        dask_cluster(WORKERS) as client,
     ):
-        client.wait_for_workers(WORKERS, timeout=120)
         print(
-            f"cluster {cluster.scheduler_address}, {WORKERS} workers x 1 thread; broker {bootstrap}",
+            f"cluster {client.scheduler.address}, {WORKERS} workers x 1 thread; broker {bootstrap}",
             flush=True,
         )
         done = {(r.scenario, r.policy, r.rep) for r in runs}
@@ -428,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             logs = Path(tmp) if args.logs is None else args.logs
             logs.mkdir(parents=True, exist_ok=True)
-            pipeline = Pipeline(bootstrap, cluster.scheduler_address, policy, args.interval, logs)
+            pipeline = Pipeline(bootstrap, client.scheduler.address, policy, args.interval, logs)
             with pipeline.running(client):
                 for scenario in scenarios:
                     measure(pipeline, scenario, policy)

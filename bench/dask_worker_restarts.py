@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchlib import dask_cluster
+
 WORKERS = 4
 
 
@@ -52,22 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     import dask
-    from distributed import Client, LocalCluster
 
     back = 0
     with (
         tempfile.TemporaryDirectory(prefix="worker-restarts-") as tmp,
         dask.config.set({"distributed.deploy.lost-worker-timeout": args.lost_worker_timeout}),
-        LocalCluster(
-            n_workers=WORKERS,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-        ) as cluster,
-        Client(cluster) as client,
+        dask_cluster(WORKERS) as client,
     ):
-        client.wait_for_workers(WORKERS, timeout=120)
         print(f"{WORKERS} workers, lost-worker-timeout {args.lost_worker_timeout}", flush=True)
         for death in range(args.deaths):
             future = client.submit(die_the_first_time, str(Path(tmp) / uuid.uuid4().hex), pure=False)

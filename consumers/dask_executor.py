@@ -3,7 +3,9 @@
 `DaskExecutor` reads ``relaunch-commands`` (``isolation.level=read_committed``: an aborted
 transaction's commands are never seen) and, for the tasks the adapter submitted
 (`producers.dask_job`), turns each command into an action on the cluster through
-`straggler.core.execution.ExecutionBook`, which decides:
+`straggler.core.execution.ExecutionBook`, which decides by the rules every executor follows, the
+simulated cluster of the replays as well (`straggler.core.execution.decide`; both are a
+`straggler.core.execution.CommandExecutor`):
 
 - ``duplicate``: a copy of the attempt (the same packed call: same function, same arguments) on
   another worker, as the next attempt; the adapter's future resolves to the first that finishes;
@@ -51,7 +53,16 @@ from distributed import Client, Future, Queue
 from consumers.executor_metrics import ExecutorMetrics, ExecutorStats
 from consumers.mitigation import ASSIGNMENT_WAIT_S, MEMBER_TIMEOUT_MS, POLL_TIMEOUT_S
 from schemas import RelaunchCommand, SchemaError, dead_letter_for, decode, encode
-from straggler.core.execution import AttemptStatus, Copy, Decision, ExecutionBook, Kill, Relaunch, Skip
+from straggler.core.execution import (
+    AttemptStatus,
+    Copy,
+    Decision,
+    ExecutionBook,
+    Kill,
+    RaceTally,
+    Relaunch,
+    Skip,
+)
 from straggler.dask_tasks import (
     TaskRecord,
     applied_metadata_key,
@@ -256,6 +267,10 @@ class DaskExecutor:
         )
         return decision
 
+    def tally(self) -> RaceTally:
+        """Races won and lost by copies, and the extra attempts' machine time, so far."""
+        return self.book.tally()
+
     def _record(self, command: RelaunchCommand) -> TaskRecord | None:
         """The task's published record, its attempts' states told to the book (None: an unknown
         task, or one whose job has ended)."""
@@ -321,8 +336,9 @@ class DaskExecutor:
         self._sync_stats()
 
     def _sync_stats(self) -> None:
-        self.stats.copies_won, self.stats.copies_lost = self.book.copies_won, self.book.copies_lost
-        self.stats.extra_machine_seconds = self.book.extra_machine_seconds
+        tally = self.tally()
+        self.stats.copies_won, self.stats.copies_lost = tally.copies_won, tally.copies_lost
+        self.stats.extra_machine_seconds = tally.extra_machine_seconds
 
     def _carry_out(self, decision: Copy | Kill | Relaunch, record: TaskRecord) -> str:
         """Act on the cluster; return what was done, for the log line."""
@@ -347,7 +363,8 @@ class DaskExecutor:
         name = task_record_name(record.job_id, record.task_id)
         self.client.publish_dataset(record.published(), name=name, override=True)
         Queue(attempts_queue_name(record.job_id), client=self.client).put(new)  # the adapter's future sees it
-        self.book.attempt_added(record.job_id, record.task_id, decision.new_attempt, time.time())
+        copy_of = decision.attempt if isinstance(decision, Copy) else None
+        self.book.attempt_added(record.job_id, record.task_id, decision.new_attempt, time.time(), copy_of)
         self._watch(new)
         where = "any worker" if others is None else "another worker"
         started = f"attempt {decision.new_attempt} started on {where}"

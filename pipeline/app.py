@@ -22,7 +22,7 @@ from pipeline.faust_app import faust_app, job_store, start_uncommitted_inputs_at
 from pipeline.faust_patches import acknowledged, release_before_wait_empty, release_without_commit
 from pipeline.group_commit import COMMIT_SECONDS, GroupCommit, InputRecord
 from pipeline.handler import AgentStats, JobEventHandler, Send, process
-from pipeline.jobstore import Position
+from pipeline.jobstore import CLOSED_ROW_SECONDS, Position
 from pipeline.metrics import WorkerMetrics, install_lag_sampler
 from pipeline.settings import WorkerSettings
 from straggler.core.live_cadence import FLOOR_S
@@ -51,7 +51,7 @@ class Worker:
 
             admm = install(app, settings, self.store)
         stats = AgentStats()
-        metrics = WorkerMetrics(stats, jobs=lambda: len(self.store.jobs))
+        metrics = WorkerMetrics(stats, jobs=self.store.open_jobs)
         app.straggler_metrics = metrics  # type: ignore[attr-defined]  # served by `straggler worker --metrics-port`
         install_lag_sampler(app, metrics, {names.checkpoints, names.job_events})
         self.handler = JobEventHandler(
@@ -85,6 +85,7 @@ class Worker:
         # spacing (`straggler.core.live_cadence`); the silent ones are looked for every --live-interval.
         app.timer(interval=min(settings.live_interval, FLOOR_S))(self.evaluate_live_jobs)
         app.timer(interval=settings.live_interval)(self.close_abandoned_jobs)
+        app.timer(interval=CLOSED_ROW_SECONDS / 10)(self.expire_closed_rows)
 
     async def straggler_agent(self, stream: faust.StreamT[bytes]) -> None:
         """Decode -> validate -> update the job's state -> at a boundary, NURD -> predictions.
@@ -176,6 +177,12 @@ class Worker:
             async with self.handling:
                 for end in self.handler.abandon_silent_jobs():
                     await self.send(end)
+
+    async def expire_closed_rows(self) -> None:
+        """Delete the rows of jobs closed long ago (`pipeline.jobstore.CLOSED_ROW_SECONDS`)."""
+        if self.app.flow_control.is_active():  # not while partitions move
+            async with self.handling:
+                self.store.expire_closed(self.handler.wall_clock())
 
     async def evaluate_live_jobs(self) -> None:
         """Jobs that send no boundaries get one from the worker, into their own partition, when due

@@ -51,6 +51,13 @@ TaskInput = TaskObservations | CheckpointBoundary
 job's 'started' event first."""
 
 
+def latest_time(work: TaskInput) -> float:
+    """When a task input happened: a boundary's checkpoint, a batch's latest observation."""
+    if isinstance(work, CheckpointBoundary):
+        return work.checkpoint_time
+    return max(o.checkpoint_time for o in work.observations)
+
+
 @dataclass(frozen=True)
 class WaitingForStart:
     """A job's input that arrived before the job's 'started' event."""
@@ -298,11 +305,21 @@ class JobEventHandler:
         if isinstance(work, JobEvent):
             yield from self._apply_job_event(work)
         elif self.store.meta(work.job_id) is None or work.job_id in self.pending:
-            self.pending[work.job_id].append(WaitingForStart(self.clock(), record, work))
+            if self._handled_before(work.job_id, latest_time(work)):
+                self.stats.ignored += 1  # a closed job's record, read again after a restart
+            else:
+                self.pending[work.job_id].append(WaitingForStart(self.clock(), record, work))
         elif isinstance(work, CheckpointBoundary):
             yield from self._apply_boundary(work)
         else:
             self._apply_tasks(work)
+
+    def _handled_before(self, job_id: str, at: float) -> bool:
+        """Whether an event of ``job_id`` at ``at`` is one the worker handled before closing the job
+        (`JobMeta.closed_at`): a worker that took over reads those again, from the offsets Faust
+        committed. An event after the end is not: it waits for a start as one of an unknown job."""
+        end = self.store.closed_end(job_id)
+        return end is not None and at <= end
 
     def _apply_tasks(self, work: TaskObservations) -> None:
         """Feed task observations to their (known) job; the next commit writes what they changed."""
@@ -331,6 +348,9 @@ class JobEventHandler:
     def _apply_job_event(self, event: JobEvent) -> Iterator[Send]:
         """Start or end the job, then apply the job's inputs that waited for its start."""
         store, meta = self.store, self.store.meta(event.job_id)
+        if self._handled_before(event.job_id, event.time):
+            self.stats.ignored += 1  # a closed job's event, read again after a restart
+            return
         if event.event == "started":
             assert event.expected_tasks is not None
             live = not event.sends_boundaries
@@ -344,11 +364,11 @@ class JobEventHandler:
         elif event.abandoned:
             self.abandoning.discard(event.job_id)
             log.warning("job %s closed as %s; its state is freed", event.job_id, event.reason)
-            self._drop(event.job_id)
+            self._drop(event.job_id, event.time)
         else:
             log.info("job %s ended at %s", event.job_id, readable_time(event.time))
             if meta.last_evaluated is not None and meta.last_evaluated >= event.time:
-                self._drop(event.job_id)  # its last checkpoint is evaluated
+                self._drop(event.job_id, event.time)  # its last checkpoint is evaluated
             else:
                 meta.ended_at = event.time  # dropped once a boundary evaluates its end
                 store.meta_changed(event.job_id)
@@ -388,12 +408,12 @@ class JobEventHandler:
             self.metrics.evaluated(decisions, refit_seconds, since, self.wall_clock())
         self.stats.predictions += len(decisions)
         if meta.ended_at is not None and at >= meta.ended_at:
-            self._drop(job_id)
+            self._drop(job_id, meta.ended_at)
 
-    def _drop(self, job_id: str) -> None:
+    def _drop(self, job_id: str, ended_at: float) -> None:
         if self.consensus is not None:
             self.consensus.retire(job_id)  # ADMM's node keeps the ended job's rows for a while
-        self.store.drop(job_id)
+        self.store.drop(job_id, ended_at, self.wall_clock())
 
 
 async def process(

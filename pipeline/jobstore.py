@@ -31,6 +31,10 @@ Position = tuple[str, int, int]
 log = logging.getLogger(__name__)
 
 
+CLOSED_ROW_SECONDS = 600.0
+"""How long a closed job's row stays (`JobMeta.closed_at`): far longer than a dead worker's successor
+takes to read the job's records again (Faust commits input offsets every second)."""
+
 SEQUENCE_DIGITS = 12
 """Task rows are keyed ``job \x1f`` + a zero-padded sequence, so key order is write order."""
 
@@ -101,6 +105,11 @@ class JobMeta:
     """Its ``started`` event's time: a live job silent since is abandoned (`straggler.core.abandonment`)."""
     checkpoint_flags: dict[str, float] = field(default_factory=dict)
     """The flags raised since the job's last task row (task id -> flag time), until one carries them."""
+    closed_at: float | None = None
+    """When the worker closed the job (wall clock): ended and evaluated to its end, or abandoned. Its
+    tasks and models are deleted then; this row stays `CLOSED_ROW_SECONDS`, so that its records up to
+    ``ended_at``, read again by a worker that took over before Faust committed their offsets, are
+    known as handled instead of starting the job again from a part of them."""
 
     def encode(self) -> bytes:
         return orjson.dumps(self.__dict__)
@@ -147,8 +156,9 @@ class JobStore:
     models: MutableMapping[bytes, bytes]
     make_job: JobFactory
     _cache: dict[str, _CachedJob] = field(default_factory=dict)
-    _ended: set[str] = field(default_factory=set)
-    """Jobs dropped since the last commit, whose rows it deletes."""
+    _ended: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Jobs dropped since the last commit (job -> its end, when it was closed): the commit deletes
+    their tasks and models and writes their closed rows."""
 
     def forget_cache(self) -> None:
         """Partitions moved: what is cached may no longer be ours, or may be stale. Changes not
@@ -169,7 +179,8 @@ class JobStore:
 
     def held_jobs(self) -> list[str]:
         """Every job this worker holds: the cached ones and those of its partitions' ``jobs`` rows
-        (a job that sent nothing since a restart is in the table only)."""
+        (a job that sent nothing since a restart is in the table only; a closed one too, which
+        `peek_meta` does not give)."""
         tabled = (key.decode() for key in list(self.jobs.keys()))
         return list(dict.fromkeys([*self._cache, *(j for j in tabled if j not in self._ended)]))
 
@@ -179,7 +190,32 @@ class JobStore:
         if cached is not None:
             return cached.meta
         payload = self.jobs.get(job_id.encode())
-        return None if payload is None or job_id in self._ended else JobMeta.decode(payload)
+        if payload is None or job_id in self._ended:
+            return None
+        meta = JobMeta.decode(payload)
+        return None if meta.closed_at is not None else meta
+
+    def closed_end(self, job_id: str) -> float | None:
+        """The end of ``job_id`` if the worker closed it (its row says so, or the next commit will);
+        None for an open or unknown job."""
+        if job_id in self._cache:
+            return None
+        if job_id in self._ended:
+            return self._ended[job_id][0]
+        payload = self.jobs.get(job_id.encode())
+        meta = None if payload is None else JobMeta.decode(payload)
+        return None if meta is None or meta.closed_at is None else meta.ended_at
+
+    def open_jobs(self) -> int:
+        """How many jobs the table holds open (its closed rows left out)."""
+        return sum(JobMeta.decode(payload).closed_at is None for payload in list(self.jobs.values()))
+
+    def expire_closed(self, now: float, keep_for: float = CLOSED_ROW_SECONDS) -> None:
+        """Delete the closed rows older than ``keep_for`` at wall-clock ``now``."""
+        for key, payload in list(self.jobs.items()):
+            closed_at = JobMeta.decode(payload).closed_at
+            if closed_at is not None and now - closed_at > keep_for:
+                del self.jobs[key]
 
     def uncache(self, job_id: str) -> None:
         """Drop a job from the cache if it holds no change (it loads again from the tables)."""
@@ -246,6 +282,8 @@ class JobStore:
         if payload is None or job_id in self._ended:
             return None
         meta = JobMeta.decode(payload)
+        if meta.closed_at is not None:
+            return None
         job = self.make_job(job_id, meta)
         rows = sorted(self._rows(self.tasks, f"{job_id}{SEPARATOR}".encode()))
         for _, payload in rows:
@@ -310,13 +348,15 @@ class JobStore:
         return decisions
 
     def write_job_rows(self) -> list[str]:
-        """Delete the rows of the jobs dropped since the last commit (tombstones in the changelogs),
-        and write the job rows that changed; the jobs written."""
-        for job_id in self._ended:
+        """Delete the tasks and models of the jobs dropped since the last commit (tombstones in the
+        changelogs) and write their closed rows, then write the job rows that changed; the jobs written."""
+        for job_id, (ended_at, closed_at) in self._ended.items():
             for table in (self.tasks, self.models):
                 for key, _ in self._rows(table, f"{job_id}{SEPARATOR}".encode()):
                     del table[key]
-            self.jobs.pop(job_id.encode(), None)
+            if job_id not in self._cache:  # else started again: its new row follows
+                closed = JobMeta(0, [], live=False, ended_at=ended_at, closed_at=closed_at)
+                self.jobs[job_id.encode()] = closed.encode()
         self._ended.clear()
         written = [job_id for job_id, cached in self._cache.items() if cached.meta_changed]
         for job_id in written:
@@ -350,10 +390,11 @@ class JobStore:
     def _model_keys(self, job_id: str) -> list[bytes]:
         return [k for k, _ in self._rows(self.models, f"{job_id}{SEPARATOR}".encode())]
 
-    def drop(self, job_id: str) -> None:
-        """Forget a finished job; the next commit deletes its rows."""
+    def drop(self, job_id: str, ended_at: float, now: float) -> None:
+        """Forget a job that ended at ``ended_at`` (closed at wall-clock ``now``); the next commit
+        deletes its tasks and models and leaves its closed row."""
         self._cache.pop(job_id, None)
-        self._ended.add(job_id)
+        self._ended[job_id] = (ended_at, now)
 
 
 def new_online_job(make_method: Callable[[], StragglerMethod], settings: Mapping[str, Any]) -> JobFactory:

@@ -16,10 +16,12 @@ for such a task: the executor never copies nor relaunches it.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+from concurrent.futures import Future as ThreadFuture
 from types import TracebackType
 from typing import Any, Self
 
@@ -37,6 +39,8 @@ from straggler.dask_tasks import (
     task_record_name,
 )
 from straggler.kafka.names import TopicNames
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 """How often a waiting result looks for attempts the executor added."""
@@ -56,13 +60,16 @@ class SpeculativeClient:
         self.client = client
         client.register_plugin(DaskTelemetry(bootstrap, topic_prefix=topic_prefix, interval=interval))
         self._sdk = TelemetryProducer(bootstrap, topics=TopicNames(topic_prefix), source="dask")
+        self._publishing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="straggler-records")
 
     def job(self, job_id: str, expected_tasks: int) -> SpeculativeJob:
         """A job of ``expected_tasks`` tasks; use it as a context manager (start and end are reported)."""
-        return SpeculativeJob(self.client, self._sdk, job_id, expected_tasks)
+        records = RecordPublisher(self.client, self._publishing)
+        return SpeculativeJob(self.client, self._sdk, job_id, expected_tasks, records)
 
     def close(self) -> None:
         """Deliver what was reported and remove the plugin from the workers."""
+        self._publishing.shutdown(wait=True)
         self._sdk.close()
         self.client.unregister_worker_plugin(PLUGIN_NAME)
 
@@ -73,12 +80,69 @@ class SpeculativeClient:
         self.close()
 
 
+class RecordPublisher:
+    """Publishes a job's task records (`TaskRecord`, which the executor reads to copy a task) on the
+    scheduler in batches, on a thread of its own.
+
+    One ``publish_dataset`` call is a round trip to the scheduler (about 10 ms on a local cluster):
+    one per task, in ``submit``, held back each next submit, so the last task of 24 started 0.26 s
+    after the first (0.01 s for the 24 in one call). ``submit`` now only hands the record over; every
+    record handed over meanwhile goes in the next call. The executor asks for a record at the
+    earliest a telemetry interval (1 s) after its task started."""
+
+    def __init__(self, client: Client, pool: ThreadPoolExecutor) -> None:
+        self.client, self._pool = client, pool
+        self._lock = threading.Lock()
+        self._pending: dict[str, Any] = {}
+        self._draining = False
+        self._last: ThreadFuture[None] | None = None
+
+    def publish(self, name: str, record: Any) -> None:
+        """Publish ``record`` as dataset ``name`` soon, with the others handed over meanwhile."""
+        with self._lock:
+            self._pending[name] = record
+            if not self._draining:
+                self._draining = True
+                self._last = self._pool.submit(self._drain)
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    batch, self._pending = self._pending, {}
+                    if not batch:
+                        self._draining = False
+                        return
+                self.client.publish_dataset(**batch)
+        except BaseException:
+            log.exception("task records not published: the executor cannot copy those tasks")
+            with self._lock:
+                self._draining = False
+            raise
+
+    def flush(self) -> None:
+        """Return once every record handed over is published (raising a failed publication's error):
+        the last drain runs until nothing is pending."""
+        with self._lock:
+            last = self._last
+        if last is not None:
+            last.result()
+
+
 class SpeculativeJob:
     """One job's tasks on the cluster; made by `SpeculativeClient.job`."""
 
-    def __init__(self, client: Client, sdk: TelemetryProducer, job_id: str, expected_tasks: int) -> None:
+    def __init__(
+        self,
+        client: Client,
+        sdk: TelemetryProducer,
+        job_id: str,
+        expected_tasks: int,
+        records: RecordPublisher,
+    ) -> None:
         self.client, self._sdk = client, sdk
         self.job_id, self.expected_tasks = job_id, expected_tasks
+        self._records = records
         self._tasks: dict[str, SpeculativeFuture] = {}
         self._numbers = itertools.count()
         self._added = Queue(attempts_queue_name(job_id), client=client)
@@ -94,6 +158,10 @@ class SpeculativeJob:
         losers of races, and tasks not done) are cancelled, and each future keeps only its winner's
         result, so the cluster holds nothing else of the job."""
         self._sdk.end_job(self.job_id)
+        try:
+            self._records.flush()  # published before they are taken back
+        except Exception:  # the scheduler is unreachable: the cleanup below says so, or does its part
+            log.exception("job %s: its task records were not all published", self.job_id)
         self.poll_added_attempts()
         for task_id, future in self._tasks.items():
             self.client.unpublish_dataset(task_record_name(self.job_id, task_id))
@@ -126,7 +194,7 @@ class SpeculativeJob:
             pure=False,
         )
         record = TaskRecord(self.job_id, task_id, packed, {0: first}, copyable=pure)
-        self.client.publish_dataset(record.published(), name=task_record_name(self.job_id, task_id))
+        self._records.publish(task_record_name(self.job_id, task_id), record.published())
         future = SpeculativeFuture(self, task_id, {0: first})
         self._tasks[task_id] = future
         return future

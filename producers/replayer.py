@@ -44,13 +44,15 @@ from schemas import (
     task_batches,
 )
 from straggler.core.arrays import FloatArray
+from straggler.core.execution import Decision as ExecutorDecision
+from straggler.core.execution import Skip
 from straggler.core.jobtrace import JobTrace
 from straggler.kafka.config import DeliveryCounter, DeliveryError, consumer_config, producer_config
 from straggler.kafka.consume import arrived
 from straggler.kafka.names import TopicNames
 from straggler.kafka.offsets import end_offsets
 from straggler.kafka.produce import produce_with_backpressure
-from straggler.simulation import CheckpointStep, JobOutcome, JobSimulation, finish_order
+from straggler.simulation import CheckpointStep, JobOutcome, JobSimulation, SimulatedCluster, finish_order
 
 MAX_SLEEP_SECONDS = 60.0
 """Longest wall-clock pause between two instants when ``speed > 0``: a trace with hours of idle time
@@ -134,15 +136,26 @@ class ReplayResult:
     commands_applied: int = 0
     commands_ignored: int = 0
     commands_duplicate: int = 0
-    """Commands whose ``command_id`` had been seen already (redeliveries), not applied again."""
+    """Commands whose ``command_id`` had been applied already (redeliveries), not applied again."""
     undecodable: int = 0
     """Records on the predictions or commands topics that `schemas.decode` rejected (skipped)."""
     ignored_reasons: dict[str, int] = field(default_factory=dict)
+    """Why the cluster skipped commands (each `Skip`'s kind), with counts."""
     delivery_errors: list[str] = field(default_factory=list)
     outcomes: dict[str, JobOutcome] = field(default_factory=dict)
     boundary_produced_at: dict[tuple[str, float], float] = field(default_factory=dict)
     """Wall-clock time each (job, checkpoint time) boundary was produced: subtract it from the marker's
     or the command's time to get the pipeline's decision latency."""
+
+    def count(self, decision: ExecutorDecision) -> None:
+        """One command the simulated cluster carried out or skipped."""
+        if not isinstance(decision, Skip):
+            self.commands_applied += 1
+        elif decision.kind == "applied":
+            self.commands_duplicate += 1
+        else:
+            self.commands_ignored += 1
+            self.ignored_reasons[decision.kind] = self.ignored_reasons.get(decision.kind, 0) + 1
 
     @property
     def jct_before(self) -> dict[str, float]:
@@ -435,8 +448,7 @@ class TraceReplayer:
         heap = list(schedule)
         heapq.heapify(heap)
         next_k = [0] * len(self.traces)
-        pending_commands: list[RelaunchCommand] = []
-        seen_commands: set[str] = set()
+        cluster = SimulatedCluster(sims)  # carries out the commands: the replayer publishes its steps
         bar = tqdm(total=len(heap), unit="instant", disable=not self.progress, desc="replay")
         previous: float | None = None
         paced_at = steady_from = time.monotonic()
@@ -496,8 +508,9 @@ class TraceReplayer:
                         raise DeliveryError(deliveries.errors)
                     jobs = [self.traces[j].job_id for j in active]
                     watch.wait_evaluated(t, jobs, self.wait_timeout)
-                    pending_commands += watch.read_commands(t, self.wait_timeout)
-                    pending_commands = self._apply_commands(pending_commands, seen_commands, sims, t, result)
+                    cluster.take(watch.read_commands(t, self.wait_timeout))
+                    for _, decision in cluster.advance(t):
+                        result.count(decision)
                     for j in active:
                         added = sims[j].extend(t, self.interval or 1.0)
                         for c in added:
@@ -587,38 +600,6 @@ class TraceReplayer:
         )
         send(topic, trace.job_id, boundary)
         result.boundary_produced_at[(trace.job_id, t)] = produced_at
-
-    def _apply_commands(
-        self,
-        commands: list[RelaunchCommand],
-        seen: set[str],
-        sims: Sequence[JobSimulation],
-        t: float,
-        result: ReplayResult,
-    ) -> list[RelaunchCommand]:
-        """Apply the commands due at ``t`` (in the order read); return those for later instants."""
-        by_job = {sim.trace.job_id: sim for sim in sims}
-        later: list[RelaunchCommand] = []
-        for command in commands:
-            if command.checkpoint_time > t:
-                later.append(command)
-                continue
-            if command.command_id in seen:
-                result.commands_duplicate += 1
-                continue
-            seen.add(command.command_id)
-            sim = by_job.get(command.job_id)
-            reason = (
-                "unknown job"
-                if sim is None
-                else sim.apply(command.task_id, command.action, t, command.attempt)
-            )
-            if reason is None:
-                result.commands_applied += 1
-            else:
-                result.commands_ignored += 1
-                result.ignored_reasons[reason] = result.ignored_reasons.get(reason, 0) + 1
-        return later
 
 
 def steady_due(began: float, sent: int, observations_per_second: float) -> float:

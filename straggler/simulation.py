@@ -4,8 +4,13 @@
 steps onto Kafka and `run_closed_loop` feeds them to an `OnlineJob` and a policy offline, so both decide
 the same commands. No future information reaches a predictor: a new run takes its task's one fixed
 `relaunch_latencies` draw and reports the features last observed when it started. ``relaunch``
-restarts from zero, ``duplicate`` races a copy (first finisher wins), ``kill`` stops a race's loser or
-a task; jobs that now end later get further checkpoints on the same grid.
+restarts from zero, ``duplicate`` races a copy (first finisher wins), ``kill`` stops a race's loser;
+jobs that now end later get further checkpoints on the same grid.
+
+Commands are decided by the rules the Dask executor follows (`straggler.core.execution.decide`, on
+the task's attempts as `JobSimulation.attempts_at` reads them), and races and extra machine time are
+counted as it counts them (`straggler.core.execution.race_tally`); `SimulatedCluster` is the replay's
+cluster in the role they share (`straggler.core.execution.CommandExecutor`).
 
 A `JobSimulation` that receives no command shows the trace as recorded (`recorded_steps`, which the
 replayer's open loop publishes; the evaluator's decisions replay it through
@@ -19,14 +24,25 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from schemas import command_id
+from schemas import RelaunchCommand, command_id
+from straggler.core import execution
 from straggler.core.arrays import BoolArray, FloatArray, IntArray
+from straggler.core.execution import (
+    AttemptRun,
+    Copy,
+    Kill,
+    RaceTally,
+    Relaunch,
+    Skip,
+    TaskAttempts,
+    total_tally,
+)
 from straggler.core.jobstate import JobState
 from straggler.core.jobtrace import JobTrace
 from straggler.core.online import Decision, OnlineJob
@@ -59,6 +75,23 @@ def relaunch_latencies(job_latencies: FloatArray, n_tasks: int, job_id: str, see
     return rng.choice(pool, size=n_tasks, replace=True).astype(np.float64)
 
 
+def _run(
+    since: float | None,
+    end: float,
+    finishes: bool,
+    t: float,
+    killed_at: float = math.nan,
+    copy_of: int | None = None,
+) -> AttemptRun:
+    """An attempt at ``t`` that runs until ``end`` (NaN or inf: never ends), finishing there if
+    ``finishes`` (else failing), unless killed earlier at ``killed_at``."""
+    if killed_at <= t and not (end <= killed_at):
+        return AttemptRun("killed", since, killed_at, copy_of=copy_of)
+    if end <= t:
+        return AttemptRun("finished" if finishes else "failed", since, end, copy_of=copy_of)
+    return AttemptRun("live", since, copy_of=copy_of)
+
+
 class JobSimulation:
     """One job's tasks as commands change them: start, end, outcome and attempts of each task.
 
@@ -88,10 +121,6 @@ class JobSimulation:
         self.task_index: dict[str, int] = {}
         for i, task_id in enumerate(trace.task_ids):
             self.task_index.setdefault(task_id, i)
-        self.spent: FloatArray = np.zeros(n)
-        """Machine time of attempts already killed by relaunches."""
-        self.extra_spent: FloatArray = np.zeros(n)
-        """The part of ``spent`` run by attempts beyond the first (relaunched attempts killed again)."""
         self.own_end: FloatArray = self.end.copy()
         """When the reporting attempt would end on its own (differs from ``end`` while a copy wins)."""
         self.copy_start: FloatArray = np.full(n, np.nan)
@@ -100,6 +129,10 @@ class JobSimulation:
         """When the losing attempt of a race was killed (NaN: not yet, it runs to its own end)."""
         self.copy_won: BoolArray = np.zeros(n, dtype=bool)
         """The task's race was won by its copy (decided when the copy starts: both ends are drawn)."""
+        self.own_finished: BoolArray = self.finished.copy()
+        """Whether the reporting attempt ends by finishing (not failing) on its own, race or not."""
+        self.killed_runs: dict[int, list[tuple[int, float, float]]] = {}
+        """Task -> (attempt, start, stop) of each attempt a relaunch stopped: the machine time it spent."""
         self._draws: FloatArray | None = None
 
     def running_at(self, t: float) -> BoolArray:
@@ -160,39 +193,64 @@ class JobSimulation:
             self._draws = draws
         return float(self._draws[i])
 
-    def apply(self, task_id: str, action: str, t: float, attempt: int | None = None) -> str | None:
-        """Carry out a command at instant ``t``; the reason it was ignored, or None if applied.
+    def attempts_at(self, i: int, t: float) -> TaskAttempts:
+        """Task ``i``'s attempts as a cluster would report them at ``t``: those begun by then, each
+        one's status, when an extra one began and when each ended, and the first to finish. A run
+        that has not ended by ``t`` is live; a race's loser runs on until killed or it ends by itself."""
+        runs: dict[int, AttemptRun] = {}
+        for number, began, stop in self.killed_runs.get(i, ()):  # stopped by relaunches
+            if began <= t:
+                runs[number] = _run(began if number > 0 else None, math.inf, True, t, stop)
+        current, start = int(self.attempt[i]), float(self.start[i])
+        if start <= t:
+            since = start if current > 0 else None
+            own = (float(self.own_end[i]), bool(self.own_finished[i]))
+            if not (self.copy_start[i] <= t):  # no race (yet)
+                runs[current] = _run(since, *own, t)
+            elif self.copy_won[i]:
+                runs[current] = _run(since, *own, t, float(self.loser_stop[i]))
+                runs[current + 1] = _run(
+                    float(self.copy_start[i]), float(self.end[i]), True, t, copy_of=current
+                )
+            else:
+                runs[current] = _run(since, float(self.end[i]), True, t)
+                copy_end, stop = float(self.copy_end[i]), float(self.loser_stop[i])
+                runs[current + 1] = _run(float(self.copy_start[i]), copy_end, True, t, stop, current)
+        finished = [(run.ended, n) for n, run in runs.items() if run.status == "finished"]
+        return TaskAttempts(True, runs, min(finished)[1] if finished else None)
 
-        ``attempt`` names the attempt acted on (None: the running one)."""
+    def apply(self, task_id: str, action: str, t: float, attempt: int | None = None) -> execution.Decision:
+        """Carry out a command at instant ``t`` by the rules every executor follows
+        (`straggler.core.execution.decide`, on `attempts_at`); what was done, or why it was skipped.
+
+        ``attempt`` names the attempt acted on (None: the newest live one)."""
         i = self.task_index.get(task_id)
-        if i is None:
-            return "unknown task"
-        if action == "kill" and self.copied(i):
-            return self._kill_in_race(i, t, attempt)
-        if not self.running_at(t)[i]:
-            return "task not running"
-        if attempt is not None and attempt != self.attempt[i]:
-            return "attempt not running"
-        if action == "kill":
-            self._killed(i, t)
-            self.start[i] = self.end[i] = self.own_end[i] = t
-            self.finished[i] = False
-            self.rerun[i] = True
-            return None
-        if self.copied(i):
-            return "task already has a copy"
+        task = None if i is None else self.attempts_at(i, t)
+        if task is not None and not task.attempts:
+            task = None  # not started yet: the cluster does not know it
+        decision = execution.decide(task, self.trace.job_id, task_id, action, attempt, t)
+        if i is None or isinstance(decision, Skip):
+            return decision
+        if isinstance(decision, Kill):  # a race's side: the rules kill only where two run
+            if not (self.end[i] <= t):
+                return Skip("race_undecided", f"task {task_id!r}'s race has not ended: its outcome is drawn")
+            self.loser_stop[i] = t
+            return decision
+        if self.copied(i):  # the rules allow a copy's copy or relaunch
+            return Skip("one_copy", f"task {task_id!r} has its copy already: the simulation runs one")
         draw = self.new_latency(i)
         if not math.isfinite(draw):
-            return "job has no latency to draw from"
+            return Skip("no_latency", f"job {self.trace.job_id!r} has no latency to draw a new run's from")
         new_end = t + draw
         self.rerun[i] = self.frozen[i] = True
-        if action == "relaunch":
+        if isinstance(decision, Relaunch):
             self._killed(i, t)
             self.attempt[i] += 1
             self.start[i] = t
             self.end[i] = self.own_end[i] = new_end
-            self.finished[i] = True
-        elif action == "duplicate":
+            self.finished[i] = self.own_finished[i] = True
+        else:
+            assert isinstance(decision, Copy)
             self.copy_start[i], self.copy_end[i] = t, new_end
             if not (new_end >= self.end[i]) or not self.finished[i]:
                 # the copy wins: it ends first, or the original fails (or never ends) before it
@@ -202,26 +260,11 @@ class JobSimulation:
             else:
                 self.rerun[i] = False  # the original wins: its own finish, features and latency
             self.frozen[i] = False  # the original keeps reporting with its own features
-        else:
-            return f"unknown action {action!r}"
-        return None
+        return decision
 
     def _killed(self, i: int, t: float) -> None:
-        """The running attempt of task ``i`` stops at ``t``: its run so far is spent."""
-        run = t - self.start[i]
-        self.spent[i] += run
-        if self.attempt[i] > 0:
-            self.extra_spent[i] += run
-
-    def _kill_in_race(self, i: int, t: float, attempt: int | None) -> str | None:
-        if not (self.end[i] <= t):
-            return "race still running"  # only a decided race's loser is killed
-        if attempt is not None and attempt != self.loser_attempt(i):
-            return "attempt already finished"
-        if math.isfinite(self.loser_stop[i]):
-            return "attempt already killed"
-        self.loser_stop[i] = t
-        return None
+        """The running attempt of task ``i`` stops at ``t`` (a relaunch): its run so far is spent."""
+        self.killed_runs.setdefault(i, []).append((int(self.attempt[i]), float(self.start[i]), t))
 
     def extend(self, t: float, interval: float) -> list[float]:
         """Checkpoints to add after ``t`` so every end not yet announced gets a checkpoint at or after it."""
@@ -248,14 +291,10 @@ class JobSimulation:
 
     def machine_time(self) -> FloatArray:
         """Machine time each task's attempts used, seconds (NaN where the task never ends)."""
-        used, _ = self._machine_time()
-        return used
-
-    def _machine_time(self) -> tuple[FloatArray, FloatArray]:
-        """Per task: machine time of all its attempts, and of the attempts beyond its first (copies,
-        relaunches) alone; NaN where the task never ends."""
-        used = self.spent + (self.end - self.start)
-        extra = self.extra_spent + np.where(self.attempt > 0, self.end - self.start, 0.0)
+        spent = np.zeros(self.trace.n_tasks)  # runs already stopped by relaunches
+        for i, runs in self.killed_runs.items():
+            spent[i] = sum(stop - began for _, began, stop in runs)
+        used = spent + (self.end - self.start)
         for i in np.flatnonzero(np.isfinite(self.copy_start)).tolist():
             copy_won = bool(self.copy_won[i])
             natural = self.own_end[i] if copy_won else self.copy_end[i]
@@ -264,9 +303,15 @@ class JobSimulation:
             stop = min(self.loser_stop[i], natural) if math.isfinite(self.loser_stop[i]) else natural
             original = (stop if copy_won else self.end[i]) - self.start[i]
             copy = (self.end[i] if copy_won else stop) - self.copy_start[i]
-            used[i] = self.spent[i] + original + copy
-            extra[i] = self.extra_spent[i] + copy + (original if self.attempt[i] > 0 else 0.0)
-        return used, extra
+            used[i] = spent[i] + original + copy
+        return used
+
+    def tally(self) -> RaceTally:
+        """The job's races and its extra attempts' machine time, as every executor counts them
+        (`straggler.core.execution.race_tally`), to `horizon`: a run that never ends counts up to it."""
+        horizon = self.horizon()
+        extra = np.flatnonzero((self.attempt > 0) | np.isfinite(self.copy_start)).tolist()
+        return total_tally((self.attempts_at(i, horizon) for i in extra), until=horizon)
 
     def machine_use(self) -> MachineUse:
         """Machine time of every task, scored or not (a run that never ends counted up to `horizon`)."""
@@ -276,16 +321,16 @@ class JobSimulation:
         saved_end = self.end.copy()
         self.end = np.where(np.isfinite(self.end), self.end, horizon)
         try:
-            used, extra = self._machine_time()
+            used = self.machine_time()
         finally:
             self.end = saved_end
-        copied = np.isfinite(self.copy_start)
+        tally = self.tally()
         return MachineUse(
             work=float(np.nansum(own)),
             used=float(np.nansum(used)),
-            extra_attempts=float(np.nansum(extra)),
-            copies=int(copied.sum()),
-            copies_won=int((copied & self.copy_won).sum()),
+            extra_attempts=tally.extra_machine_seconds,
+            copies=tally.copies_won + tally.copies_lost,
+            copies_won=tally.copies_won,
         )
 
     def outcome(self) -> JobOutcome:
@@ -302,6 +347,51 @@ class JobSimulation:
             machine_time_after=self.machine_time()[scored],
             machine=self.machine_use(),
         )
+
+
+class SimulatedCluster:
+    """The replay's cluster, in the role of every executor of commands
+    (`straggler.core.execution.CommandExecutor`): its jobs' simulations, the commands it has taken
+    but not yet carried out, and its clock. A command is carried out at the first instant at or after
+    the checkpoint it was decided on, in the order taken, by the rules every executor follows
+    (`JobSimulation.apply`), and once: a command id already carried out is skipped."""
+
+    def __init__(self, sims: Sequence[JobSimulation]) -> None:
+        self.sims = {sim.trace.job_id: sim for sim in sims}
+        self.now = -math.inf
+        """The instant the cluster has reached (`advance`)."""
+        self._waiting: list[RelaunchCommand] = []
+        self._applied: set[str] = set()
+
+    def take(self, commands: Iterable[RelaunchCommand]) -> None:
+        """Commands read from the stream, carried out once their checkpoint is reached."""
+        self._waiting.extend(commands)
+
+    def advance(self, t: float) -> list[tuple[RelaunchCommand, execution.Decision]]:
+        """Move the clock to ``t`` and carry out the commands due by then; what each came to."""
+        self.now = t
+        due = [c for c in self._waiting if c.checkpoint_time <= t]
+        self._waiting = [c for c in self._waiting if c.checkpoint_time > t]
+        return [(command, self.apply(command)) for command in due]
+
+    def apply(self, command: RelaunchCommand) -> execution.Decision:
+        """Carry out ``command`` now (at `now`), or skip it; say which."""
+        if command.command_id in self._applied:
+            return Skip("applied", f"command {command.command_id} was applied already")
+        sim = self.sims.get(command.job_id)
+        if sim is None:
+            return Skip("unknown_task", f"no job {command.job_id!r} on this cluster")
+        decision = sim.apply(command.task_id, command.action, self.now, command.attempt)
+        if not isinstance(decision, Skip):
+            self._applied.add(command.command_id)
+        return decision
+
+    def tally(self) -> RaceTally:
+        """Races and extra machine time of every job, each to its own `JobSimulation.horizon`."""
+        total = RaceTally()
+        for sim in self.sims.values():
+            total += sim.tally()
+        return total
 
 
 @dataclass(frozen=True)
@@ -494,7 +584,8 @@ def run_policy(
 
     At each checkpoint the policy hears the step's finishes, then its other ends (each by end time), then
     the checkpoint's verdicts. Returns every distinct command the policy issued, in order (applied or
-    not, and none applied with ``carry_out=False``), and why commands were not carried out, with counts.
+    not, and none applied with ``carry_out=False``), and why commands were not carried out (each
+    `Skip`'s kind), with counts.
     """
     commands: list[Action] = []
     ignored: dict[str, int] = {}
@@ -524,9 +615,9 @@ def run_policy(
             commands.append(action)
             if not carry_out:
                 continue
-            reason = sim.apply(action.task_id, action.action, t, action.attempt)
-            if reason is not None:
-                ignored[reason] = ignored.get(reason, 0) + 1
+            decision = sim.apply(action.task_id, action.action, t, action.attempt)
+            if isinstance(decision, Skip):
+                ignored[decision.kind] = ignored.get(decision.kind, 0) + 1
     policy.on_job_ended(job_id)
     return commands, ignored
 

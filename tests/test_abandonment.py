@@ -101,7 +101,10 @@ def test_a_silent_live_job_is_closed_as_abandoned_and_its_state_freed(fixed: flo
     assert worker.event(end) == []
 
     assert worker.meta("live") is None
-    assert worker.tables == ({}, {}, {}), "the commit deleted its rows"
+    tasks, _, models = worker.tables
+    assert not tasks and not models, "the commit deleted its tasks and models"
+    assert worker.store.closed_end("live") == end.time, "and left its closed row"
+    assert worker.store.open_jobs() == 0 and abandoned_ends(worker) == []
     assert worker.event(end) == [], "a repeated end changes nothing"
 
 

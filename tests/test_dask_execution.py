@@ -10,7 +10,7 @@ import pytest
 
 from schemas import RelaunchCommand, command_id
 from schemas.events import Action
-from straggler.core.execution import Copy, ExecutionBook, Kill, Relaunch, Skip
+from straggler.core.execution import Copy, ExecutionBook, Kill, RaceTally, Relaunch, Skip
 
 
 def order(action: Action, attempt: int | None = 0, *, task: str = "t1", key: int = 0) -> RelaunchCommand:
@@ -68,11 +68,10 @@ def test_a_side_effecting_task_is_never_copied_nor_relaunched() -> None:
 
 def test_the_loser_is_killed_after_the_winner_finished() -> None:
     book = book_with_task()
-    book.attempt_added("j", "t1", 1, at=10.0)
+    book.attempt_added("j", "t1", 1, at=10.0, copy_of=0)
     book.attempt_ended("j", "t1", 1, "finished", at=14.0)
     assert book.decide(order("kill", 0)) == Kill("j", "t1", 0)
-    assert book.copies_won == 1 and book.copies_lost == 0
-    assert book.extra_machine_seconds == pytest.approx(4.0)
+    assert book.tally() == RaceTally(copies_won=1, copies_lost=0, extra_machine_seconds=4.0)
 
 
 def test_the_last_live_attempt_of_an_unfinished_task_is_not_killed() -> None:
@@ -82,13 +81,13 @@ def test_the_last_live_attempt_of_an_unfinished_task_is_not_killed() -> None:
 
 def test_an_ended_attempt_is_not_killed_again() -> None:
     book = book_with_task()
-    book.attempt_added("j", "t1", 1, at=10.0)
+    book.attempt_added("j", "t1", 1, at=10.0, copy_of=0)
     book.attempt_ended("j", "t1", 0, "finished", at=12.0)
     book.attempt_ended("j", "t1", 1, "killed", at=13.0)
     decision = book.decide(order("kill", 1))
     assert isinstance(decision, Skip) and decision.kind == "ended_attempt"
-    assert book.copies_lost == 1 and book.copies_won == 0
-    assert book.extra_machine_seconds == pytest.approx(3.0)  # the copy's run, until it was killed
+    # the copy's run, until it was killed
+    assert book.tally() == RaceTally(copies_won=0, copies_lost=1, extra_machine_seconds=3.0)
 
 
 def test_relaunch_restarts_the_attempt_as_the_next_one() -> None:
@@ -115,12 +114,11 @@ def test_an_unknown_attempt_is_skipped() -> None:
 
 def test_an_end_is_counted_once() -> None:
     book = book_with_task()
-    book.attempt_added("j", "t1", 1, at=0.0)
+    book.attempt_added("j", "t1", 1, at=0.0, copy_of=0)
     book.attempt_ended("j", "t1", 1, "finished", at=2.0)
     book.attempt_ended("j", "t1", 1, "finished", at=9.0)
     book.observe("j", "t1", True, {0: "killed", 1: "finished"}, at=9.0)
-    assert book.extra_machine_seconds == pytest.approx(2.0)
-    assert book.copies_won == 1
+    assert book.tally() == RaceTally(copies_won=1, copies_lost=0, extra_machine_seconds=2.0)
     task = book.task("j", "t1")
     assert task is not None and task.winner == 1 and task.live() == []
 
@@ -130,11 +128,11 @@ def test_a_task_dropped_with_its_job_is_skipped_and_its_copy_priced_until_then(
     action: Action, kind: str
 ) -> None:
     book = book_with_task()
-    book.attempt_added("j", "t1", 1, at=2.0)  # a copy, still running when the job ended
+    book.attempt_added("j", "t1", 1, at=2.0, copy_of=0)  # a copy, still running when the job ended
     book.dropped("j", "t1", at=5.0)
     decision = book.decide(order(action, attempt=1 if action == "kill" else 0))
     assert isinstance(decision, Skip) and decision.kind == kind
-    assert book.extra_machine_seconds == 3.0
+    assert book.tally().extra_machine_seconds == 3.0
     book.dropped("j", "nope", at=6.0)  # a task never seen: nothing to end
     assert book.tracked == 1
 
@@ -166,3 +164,21 @@ def test_a_copy_decided_during_the_attempts_current_run_is_made() -> None:
     assert book.decide(order("duplicate")) == Copy("j", "t1", 0, 1)
     book.observe("j", "t1", True, {0: "live"}, at=1.0)  # a later look that cannot tell keeps what was known
     assert book.decide(order("relaunch")) == Relaunch("j", "t1", 0, 1)
+
+
+def test_a_relaunch_is_no_race_and_its_run_is_extra_machine_time() -> None:
+    book = book_with_task()
+    book.attempt_ended("j", "t1", 0, "killed", at=3.0)
+    book.attempt_added("j", "t1", 1, at=3.0)  # a relaunch: copies nothing
+    book.attempt_ended("j", "t1", 1, "finished", at=8.0)
+    assert book.tally() == RaceTally(copies_won=0, copies_lost=0, extra_machine_seconds=5.0)
+
+
+def test_a_copy_of_a_relaunched_attempt_races_that_attempt_only() -> None:
+    book = book_with_task()
+    book.attempt_ended("j", "t1", 0, "killed", at=1.0)
+    book.attempt_added("j", "t1", 1, at=1.0)
+    book.attempt_added("j", "t1", 2, at=4.0, copy_of=1)
+    book.attempt_ended("j", "t1", 1, "finished", at=6.0)  # the relaunched attempt beats its copy
+    book.attempt_ended("j", "t1", 2, "killed", at=7.0)
+    assert book.tally() == RaceTally(copies_won=0, copies_lost=1, extra_machine_seconds=5.0 + 3.0)

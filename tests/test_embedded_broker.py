@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from straggler.kafka import embedded
 from straggler.kafka.embedded import (
     BrokerPrerequisiteError,
     BrokerStartError,
@@ -149,6 +150,32 @@ def test_port_in_use_is_reported(tmp_path: Path) -> None:
         with pytest.raises(BrokerStartError, match="in use"):
             broker.start()
     assert not broker.status().running
+
+
+@pytest.mark.broker
+def test_a_picked_port_taken_before_the_broker_binds_it_is_picked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports picked as free can be taken before the JVM binds them (two xdist workers start brokers,
+    Dask workers pick ports): the broker starts again on new ones instead of failing the session."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        held = taken.getsockname()[1]
+        picks: list[list[int]] = []
+        real = embedded._other_free_ports
+
+        def first_one_held(port: int, count: int) -> list[int]:
+            ports = [held, *real(port, count)[1:]] if not picks else real(port, count)
+            picks.append(ports)
+            return ports
+
+        monkeypatch.setattr(embedded, "_other_free_ports", first_one_held)
+        with embedded_kafka(data_dir=tmp_path / "raced") as bootstrap:
+            metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+            assert len(metadata.brokers) == 1
+    assert len(picks) == 2 and picks[0][0] == held and held not in picks[1]
+    assert "Address already in use" in (tmp_path / "raced" / "broker.log").read_text()
 
 
 def test_missing_java_names_java(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

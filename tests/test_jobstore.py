@@ -221,17 +221,22 @@ def test_models_are_retired_only_once_the_job_row_naming_the_new_one_is_written(
 def test_a_dropped_job_is_unknown_at_once_and_its_rows_are_deleted_by_the_next_commit(
     trace: JobTrace,
 ) -> None:
+    """Deleted but for a closed job row, which remembers the job's end (`JobMeta.closed_at`)."""
     tables: Tables = ({}, {}, {})
     for t, store in checkpoints(trace, tables):
         if store.evaluate(trace.job_id, t):
             commit(store)
             break
     assert all(tables)
-    store.drop(trace.job_id)
+    store.drop(trace.job_id, ended_at=t, now=1.7e9)
     assert store.meta(trace.job_id) is None and store.job(trace.job_id) is None
+    assert store.closed_end(trace.job_id) == t
     assert all(tables), "deleted before the commit"
     commit(store)
-    assert tables == ({}, {}, {})
+    tasks, jobs, models = tables
+    assert not tasks and not models and list(jobs) == [trace.job_id.encode()]
+    assert store.closed_end(trace.job_id) == t and store.peek_meta(trace.job_id) is None
+    assert store.held_jobs() == [trace.job_id] and store.open_jobs() == 0
 
 
 def test_a_job_peeked_while_its_tables_fill_is_not_what_the_agent_then_loads(trace: JobTrace) -> None:

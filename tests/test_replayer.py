@@ -34,6 +34,7 @@ from schemas import (
     decode_each,
     encode,
 )
+from straggler.core.execution import Copy, Relaunch, Skip
 from straggler.core.jobtrace import JobTrace, checkpoint_grid
 from straggler.core.partitioner import partition_of
 from straggler.kafka.config import consumer_config
@@ -186,23 +187,31 @@ def test_simulated_commands_change_runs_and_extend_the_job() -> None:
     _, _, _, _, running, features = sim.step(0, t0)
     victim, copied, moved = (int(i) for i in running[:3])
     done = int(np.flatnonzero(trace.end <= t0)[0])
-    assert sim.apply(trace.task_ids[done], "relaunch", t0) == "task not running"
-    assert sim.apply("no-such-task", "relaunch", t0) == "unknown task"
-    assert sim.apply(trace.task_ids[victim], "kill", t0) is None
-    assert sim.apply(trace.task_ids[copied], "duplicate", t0) is None
+    assert _skipped(sim.apply(trace.task_ids[done], "relaunch", t0)) == "finished_task"
+    assert _skipped(sim.apply("no-such-task", "relaunch", t0)) == "unknown_task"
+    # a task's only attempt is never killed (its result would be lost), as on any executor
+    assert _skipped(sim.apply(trace.task_ids[victim], "kill", t0)) == "last_attempt"
+    assert isinstance(sim.apply(trace.task_ids[copied], "duplicate", t0), Copy)
     assert sim.end[copied] == min(trace.end[copied], t0 + sim.new_latency(copied))
     sim.new_latency(moved)
     assert sim._draws is not None
     sim._draws[moved] = t_last  # the new run outlasts the job's own checkpoints
-    assert sim.apply(trace.task_ids[moved], "relaunch", t0) is None
+    assert sim.apply(trace.task_ids[moved], "relaunch", t0) == Relaunch(
+        trace.job_id, trace.task_ids[moved], 0, 1
+    )
     assert (sim.attempt[moved], sim.start[moved], sim.end[moved]) == (1, t0, t0 + t_last)
     added = sim.extend(t0, 10.0)
     assert added and added[0] > trace.checkpoints[-1] and added[-1] >= t0 + t_last
     assert np.allclose(np.diff([trace.checkpoints[-1], *added]), 10.0)
     _, _, _, gone, running_1, features_1 = sim.step(1, float(trace.checkpoints[1]))
-    assert victim in gone and victim not in running_1 and sim.end[victim] == t0
+    assert victim not in gone and sim.end[victim] == trace.end[victim]
     # the new run reports the features observed at the relaunch, not the original run's later ones
     assert np.array_equal(features_1[running_1 == moved][0], features[2])
+
+
+def _skipped(decision: object) -> str:
+    assert isinstance(decision, Skip), decision
+    return decision.kind
 
 
 def test_duplicate_job_ids_are_refused() -> None:
@@ -500,7 +509,7 @@ def test_closed_loop_relaunches_with_the_evaluators_draw(
     new_end[target] = t0 + draw
     assert new_end[target] != job.end[target]
     assert (result.commands_applied, result.commands_duplicate, result.commands_ignored) == (1, 1, 1)
-    assert result.ignored_reasons == {"task not running": 1}
+    assert result.ignored_reasons == {"finished_task": 1}
     assert result.jct_before["job-c"] == job.end.max() - job.start.min()
     assert result.jct_after["job-c"] == pytest.approx(new_end.max() - job.start.min())
     assert result.jct_after["job-d"] == result.jct_before["job-d"]

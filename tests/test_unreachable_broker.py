@@ -132,7 +132,10 @@ def test_the_sdk_raises_at_the_call_that_could_not_deliver(capfd: pytest.Capture
         telemetry.close()
     assert time.monotonic() - again < 1.0, "the broker known unreachable: at once"
     out, err = capfd.readouterr()
-    assert len((out + err).splitlines()) <= 3, out + err
+    # its own lines: the process's stderr also carries librdkafka lines of clients that other tests
+    # of this xdist worker left behind their stopped brokers (other addresses)
+    own = [line for line in (out + err).splitlines() if address in line]
+    assert len(own) <= 3, out + err
 
 
 def test_the_sdk_reports_a_broker_that_stopped_answering_at_the_next_report() -> None:

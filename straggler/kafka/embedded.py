@@ -37,6 +37,8 @@ MIN_JAVA_MAJOR = 17
 DEFAULT_PORT = 9092
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
+PORT_ATTEMPTS = 3
+"""Starts on freshly picked ports when the broker finds one taken (port 0 only)."""
 JVM_OPTIONS = ("-Xmx512m", "-Xms256m", "-XX:+UseG1GC", "-XX:-UsePerfData", "-Djava.awt.headless=true")
 BROKER_MAIN_CLASS = "kafka.Kafka"
 STORAGE_TOOL_CLASS = "kafka.tools.StorageTool"
@@ -396,6 +398,16 @@ def _terminate_with_parent(parent_pid: int) -> Callable[[], None] | None:
     return set_parent_death_signal
 
 
+def _lost_a_port(log_file: Path, start: int) -> bool:
+    """The broker's log past byte ``start`` says a port it was given was taken when it bound it."""
+    try:
+        with log_file.open("rb") as log:
+            log.seek(start)
+            return b"Address already in use" in log.read()
+    except OSError:
+        return False
+
+
 def tail(path: Path, lines: int = 40) -> str:
     """The last lines of a log file, for error messages."""
     try:
@@ -502,29 +514,44 @@ class EmbeddedKafka:
                 return bootstrap
             self._remove_state_files()
             libs = ensure_kafka_jars(self.kafka_version)
-            port = free_port() if self.port == 0 else self.port
-            if _port_accepts(port):
-                raise BrokerStartError(
-                    f"port {port} on 127.0.0.1 is already in use by another process; "
-                    "choose another port (0 picks a free one)"
-                )
-            controller_port, *tls_ports = _other_free_ports(port, 3 if self.tls is not None else 1)
-            self._write_configs(port, controller_port, tls_ports)
-            self._format_storage(java, libs)
-            self._launch(java, libs)
-            assert self._process is not None
-            self.started_here = True
-            bootstrap = f"127.0.0.1:{port}"
-            self.port_file.write_text(f"{port}\n")
-            if tls_ports:
-                self.tls_ports_file.write_text(" ".join(map(str, tls_ports)) + "\n")
-            self.pid_file.write_text(f"{self._process.pid}\n")
-            try:
-                self._wait_ready(bootstrap, self._process.pid)
-            except BaseException:
-                self.stop()
-                raise
-            return bootstrap
+            attempt = 1
+            while True:
+                log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
+                try:
+                    return self._start_on_ports(java, libs)
+                except BrokerStartError:
+                    # Ports picked here are free when picked, not when the JVM binds them: another
+                    # process (a second broker, a Dask worker) can take one in between.
+                    lost_a_port = _lost_a_port(self.log_file, log_start)
+                    if self.port != 0 or attempt == PORT_ATTEMPTS or not lost_a_port:
+                        raise
+                attempt += 1
+
+    def _start_on_ports(self, java: str, libs: Path) -> str:
+        """Pick the ports, write the configs, launch the JVM and wait until it answers."""
+        port = free_port() if self.port == 0 else self.port
+        if _port_accepts(port):
+            raise BrokerStartError(
+                f"port {port} on 127.0.0.1 is already in use by another process; "
+                "choose another port (0 picks a free one)"
+            )
+        controller_port, *tls_ports = _other_free_ports(port, 3 if self.tls is not None else 1)
+        self._write_configs(port, controller_port, tls_ports)
+        self._format_storage(java, libs)
+        self._launch(java, libs)
+        assert self._process is not None
+        self.started_here = True
+        bootstrap = f"127.0.0.1:{port}"
+        self.port_file.write_text(f"{port}\n")
+        if tls_ports:
+            self.tls_ports_file.write_text(" ".join(map(str, tls_ports)) + "\n")
+        self.pid_file.write_text(f"{self._process.pid}\n")
+        try:
+            self._wait_ready(bootstrap, self._process.pid)
+        except BaseException:
+            self.stop()
+            raise
+        return bootstrap
 
     def stop(self) -> bool:
         """Stop the broker: SIGTERM, a bounded wait, SIGKILL only if needed. True if one was running."""

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from straggler.kafka.config import admin_config
 
@@ -28,6 +28,16 @@ DEFAULT_PARTITIONS = 8
 DEFAULT_REPLICATION = 1
 _DAY_MS = 24 * 60 * 60 * 1000
 ADMIN_TIMEOUT_S = 30.0
+NOT_SERVED_YET = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+    }
+)
+"""A partition's errors while its leader is still making it (librdkafka does not mark them retriable)."""
 
 
 @dataclass(frozen=True)
@@ -94,10 +104,10 @@ def create_topics(
 
 
 def create_missing_topics(bootstrap: str, topics: Sequence[NewTopic]) -> list[str]:
-    """Create each of ``topics`` unless it exists; return the names created, once every one of
-    ``topics`` is in the broker's metadata with a leader for each partition (a create request can
-    complete before then, and a describe or produce right after would find no such topic). Existing
-    topics are left as they are; any error other than TOPIC_ALREADY_EXISTS is raised."""
+    """Create each of ``topics`` unless it exists; return the names created, once every partition of
+    ``topics`` is served by its leader (`wait_until_served`; a create request completes before then,
+    and a produce right after can be refused or, worse, lost). Existing topics are left as they are;
+    any error other than TOPIC_ALREADY_EXISTS is raised."""
     admin = AdminClient(admin_config(bootstrap))
     futures = admin.create_topics(
         list(topics), operation_timeout=ADMIN_TIMEOUT_S, request_timeout=ADMIN_TIMEOUT_S
@@ -113,6 +123,7 @@ def create_missing_topics(bootstrap: str, topics: Sequence[NewTopic]) -> list[st
             raise
         created.append(topic.topic)
     wait_until_led(admin, [topic.topic for topic in topics])
+    wait_until_served(admin, [topic.topic for topic in topics])
     return created
 
 
@@ -129,6 +140,47 @@ def wait_until_led(admin: AdminClient, names: Sequence[str], timeout: float = AD
         time.sleep(0.1)
     if missing:
         raise TimeoutError(f"topics without a leader after {timeout:g} s: {', '.join(missing)}")
+
+
+def wait_until_served(admin: AdminClient, names: Sequence[str], timeout: float = ADMIN_TIMEOUT_S) -> None:
+    """Until every partition of ``names`` answers a ListOffsets request from its leader; raises
+    TimeoutError naming those that still do not.
+
+    Why the metadata is not enough: a KRaft broker publishes a new partition's leader in its metadata
+    before its replica manager has made the partition, and refuses a produce in between (NOT_LEADER).
+    On a fresh broker that lasts about a second after the create request returns. For an idempotent
+    librdkafka producer a refusal there can lose records with a success report: when the first
+    request to a partition is refused and the next, already in flight, is taken (a broker takes any
+    first sequence from a producer it has no state for), librdkafka counts the first request's
+    records as delivered. The suite lost a job's first checkpoints on fresh topics of a fresh broker,
+    as this would.
+    """
+    deadline = time.monotonic() + timeout
+    metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    pending = [TopicPartition(name, p) for name in names for p in sorted(metadata.topics[name].partitions)]
+    while True:
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in pending}, request_timeout=ADMIN_TIMEOUT_S
+        )
+        pending = [tp for tp, future in futures.items() if not _answered(future)]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if pending:
+        named = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in pending)
+        raise TimeoutError(f"partitions not served by their leader after {timeout:g} s: {named}")
+
+
+def _answered(future: Any) -> bool:
+    """The partition's leader answered; False while it is not ready (`NOT_SERVED_YET`), else raises."""
+    try:
+        future.result()
+    except KafkaException as exc:
+        error = exc.args[0]
+        if isinstance(error, KafkaError) and (error.retriable() or error.code() in NOT_SERVED_YET):
+            return False
+        raise
+    return True
 
 
 def _led(topic: Any) -> bool:

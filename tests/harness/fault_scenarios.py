@@ -455,6 +455,8 @@ class Watch:
     def __init__(self, bootstrap: str, topics: TopicNames) -> None:
         group = f"fault-watch-{uuid.uuid4().hex[:8]}"
         self.markers: set[tuple[str, float]] = set()
+        self.newest_marker_at = -math.inf
+        """The latest ``produced_at`` (the worker's wall clock) of the markers read."""
         self.commands: list[str] = []
         self.letters: list[DeadLetter] = []
         self._predictions = self._reader(bootstrap, group, topics.predictions)
@@ -475,6 +477,7 @@ class Watch:
                     for event in decode_each(message.value()):
                         if isinstance(event, CheckpointEvaluated):
                             self.markers.add((event.job_id, event.checkpoint_time))
+                            self.newest_marker_at = max(self.newest_marker_at, event.produced_at)
         for message in self._commands.consume(num_messages=5000, timeout=POLL_S):
             if message.error() is None:
                 with contextlib.suppress(SchemaError):
@@ -724,11 +727,14 @@ def worker_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResul
 
 
 KILL_DELAYS_S = (0.0, 0.15, 0.3, 0.45)
-"""`worker_sigkill_repeated`'s pause between seeing a new checkpoint evaluated and the next kill."""
+"""`worker_sigkill_repeated`'s pause between seeing the running worker evaluate and the next kill."""
 
 
 def worker_sigkill_repeated(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
     """SIGKILL the worker once per part of the replay, each time soon after it evaluates a checkpoint.
+
+    Soon after that worker itself evaluates one: a marker it produced, not one of its killed
+    predecessor's still on its way to the watch (which let a kill hit a worker still starting up).
 
     Every restart starts with a backlog, so its recovery races the fetcher
     (`pipeline.faust_patches.keep_queued_records`; docs/reliability.md, "A recovery keeps the records
@@ -739,20 +745,21 @@ def worker_sigkill_repeated(bootstrap: str, workdir: Path, sizes: Sizes) -> Scen
         kills = len(KILL_DELAYS_S)
         parts = _split_at_boundaries(records, [(k + 1) / (kills + 1) for k in range(kills)])
         run.procs.start_mitigator()
+        started = time.time()  # the wall clock a marker's produced_at is read on
         run.procs.start_worker()
         publisher = Publisher(bootstrap)
         for part, delay in zip(parts[:-1], KILL_DELAYS_S, strict=True):
-            before = len(run.watch.markers)
             publisher.publish(part)
-            more = functools.partial(lambda n: len(run.watch.markers) > n, before)
-            run.watch.wait(more, PROGRESS_TIMEOUT_S, run.procs, "a new marker")
+            evaluated = functools.partial(lambda t: run.watch.newest_marker_at > t, started)
+            run.watch.wait(evaluated, PROGRESS_TIMEOUT_S, run.procs, "the running worker's marker")
             time.sleep(delay)  # the fault's timing (varied on purpose), not a wait for anything
             run.procs.kill("worker")
             run.result.faults += 1
+            started = time.time()
             run.procs.start_worker()
         publisher.publish(parts[-1])
         run.result.notes.append(
-            f"killed {run.result.faults} times, each after a new checkpoint was evaluated"
+            f"killed {run.result.faults} times, each after the running worker evaluated a checkpoint"
         )
         run.result.recovery_seconds = _every_job_progresses(run.watch, run.procs, run.traces)
         return run.verify()
