@@ -18,14 +18,24 @@ fails if the Faust or mode internal it relies on changes.
    after a rebalance, wrong when Faust calls it again at the end of a recovery, because the cleared
    records are then neither delivered again nor acknowledged (docs/reliability.md, "A recovery keeps
    the records already fetched").
+4. `restart_stalled_recovery`: Faust's table recovery waits, without a bound, for changelog records
+   it is owed; when a record is lost on its way from the fetcher to the recovery (the fetcher's
+   position is past it, so it is never fetched again), the worker never becomes ready. A recovery that
+   reads nothing for `RECOVERY_STALL_S` while a partition is still behind is restarted: Faust then
+   seeks every changelog partition back to what it has read, as after a rebalance.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from time import monotonic
+from typing import Any, Protocol, TypeVar, cast
 
 import faust
+
+log = logging.getLogger(__name__)
 
 
 def release_without_commit(event: faust.EventT) -> None:
@@ -108,3 +118,80 @@ def keep_queued_records(flow_control: FlowControl) -> None:
             resume()
 
     flow_control.resume = resume_if_suspended  # type: ignore[method-assign]
+
+
+RECOVERY_STALL_S = 30.0
+"""A table recovery that reads no changelog record for this long while a partition is still behind
+its end is restarted (`restart_stalled_recovery`). A recovery that reads goes on however long it takes."""
+
+Partition = TypeVar("Partition")
+
+
+def stalled_partitions(
+    offsets: Mapping[Partition, int | None],
+    highwaters: Mapping[Partition, int | None],
+    heard_at: float,
+    now: float,
+    limit: float,
+) -> dict[Partition, tuple[int, int]]:
+    """The partitions a recovery still has to read, each with (read up to, last offset), when it has
+    read nothing since ``heard_at`` for ``limit`` seconds; empty while it reads or has read all.
+
+    ``offsets`` and ``highwaters`` are Faust's (``Recovery.active_offsets``/``active_highwaters``,
+    both the offset of the last record: -1 for none)."""
+    if now - heard_at < limit:
+        return {}
+    return {
+        tp: (offset, highwater)
+        for tp, highwater in highwaters.items()
+        if highwater is not None and (offset := offsets.get(tp)) is not None and offset < highwater
+    }
+
+
+def restart_stalled_recovery(app: faust.App, limit: float | None = None) -> None:
+    """Restart ``app``'s table recovery when it has read nothing for ``limit`` seconds with partitions
+    still behind, saying where each stands (what it read, its last offset, the fetcher's position).
+
+    The restart is Faust's own, as when another rebalance comes (``Recovery.signal_recovery_start``):
+    it rebuilds the highwaters, seeks each changelog partition to what the recovery has read and reads
+    on. Checked every ``limit / 6`` seconds (`RECOVERY_STALL_S` by default) from the first assignment
+    on: Faust starts an App's timers only once its first recovery is complete."""
+    limit = RECOVERY_STALL_S if limit is None else limit
+
+    async def restart_if_stalled() -> None:
+        recovery: Any = cast(Any, app.tables).recovery  # TableManagerT does not declare it
+        if not recovery.in_recovery or recovery.signal_recovery_start.is_set():
+            return
+        heard = [recovery._recovery_started_at or 0.0, *recovery._active_events_received_at.values()]
+        behind = stalled_partitions(
+            recovery.active_offsets, recovery.active_highwaters, max(heard), monotonic(), limit
+        )
+        if not behind:
+            return
+        where = []
+        for tp, (offset, highwater) in sorted(behind.items()):
+            try:
+                position = str(await asyncio.wait_for(app.consumer.position(tp), timeout=1.0))
+            except Exception:  # the consumer's thread does not answer: say so, restart anyway
+                position = "?"
+            where.append(f"{tp.topic}[{tp.partition}] read to {offset} of {highwater}, fetch at {position}")
+        log.warning(
+            "table recovery read no changelog record for %.0f s with %d partitions behind (%s); "
+            "restarting it",
+            limit,
+            len(behind),
+            "; ".join(where),
+        )
+        recovery.signal_recovery_start.set()
+
+    async def watch() -> None:
+        async for _ in app.itertimer(limit / 6, name="restart_stalled_recovery"):
+            await restart_if_stalled()
+
+    watching: list[asyncio.Future[Any]] = []
+
+    async def start_watching(sender: Any, *args: Any, **kwargs: Any) -> None:
+        if not watching:  # the first assignment: before the first recovery, when Faust's timers wait
+            watching.append(app.add_future(watch()))
+
+    app.on_partitions_assigned.connect(cast(Any, start_watching))

@@ -243,6 +243,7 @@ def _check(result: ScenarioResult) -> None:
         "mitigator-kill",
         "duplicates",
         "worker-leaves",
+        "recovery-loses-records",
     ],
 )
 def test_a_fault_loses_and_duplicates_nothing(scenario: str, kafka_bootstrap: str, tmp_path: Path) -> None:

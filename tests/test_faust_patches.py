@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from types import SimpleNamespace
+from typing import Any
 
 import faust
 import pytest
@@ -22,6 +23,7 @@ from pipeline.faust_patches import (
     keep_queued_records,
     release_before_wait_empty,
     release_without_commit,
+    stalled_partitions,
 )
 
 
@@ -229,3 +231,34 @@ def test_guarded_a_resume_after_a_suspension_still_clears_stale_records() -> Non
     flow.resume()
     assert flow.is_active()
     assert queue.empty()
+
+
+def test_a_recovery_is_stalled_once_it_reads_nothing_for_the_limit_with_partitions_behind() -> None:
+    """Offsets and highwaters are Faust's: the last offset read and the last offset there (-1: none).
+    Only the partitions still behind are named; a partition not measured yet (None) is not."""
+    offsets = {"behind": -1, "partly": 3, "done": 7, "unmeasured": None, "no-end": 2}
+    highwaters = {"behind": 4, "partly": 9, "done": 7, "unmeasured": 5, "no-end": None}
+    assert stalled_partitions(offsets, highwaters, heard_at=100.0, now=129.9, limit=30.0) == {}
+    stalled = stalled_partitions(offsets, highwaters, heard_at=100.0, now=130.0, limit=30.0)
+    assert stalled == {"behind": (-1, 4), "partly": (3, 9)}
+    done = {"behind": 4, "partly": 9, "done": 7}
+    assert stalled_partitions(done, highwaters, heard_at=0.0, now=1e6, limit=30.0) == {}
+
+
+def test_the_faust_recovery_internals_the_restart_uses_are_there() -> None:
+    """`restart_stalled_recovery` reads the recovery's state and sets its restart signal; Faust's
+    recovery loop must still start over on that signal, and still start an App's timers only after
+    the first recovery (which is why the check is not a timer)."""
+    from faust.tables.recovery import Recovery
+
+    tables: Any = faust.App("recovery-test", broker="kafka://127.0.0.1:9").tables
+    recovery = tables.recovery
+    assert recovery.in_recovery is False
+    for name in ("active_offsets", "active_highwaters", "_active_events_received_at"):
+        assert isinstance(getattr(recovery, name), dict), name
+    assert hasattr(recovery, "_recovery_started_at")
+    assert not recovery.signal_recovery_start.is_set()
+    assert "self._recovery_started_at = monotonic()" in inspect.getsource(Recovery._set_recovery_started)
+    assert "active_events_received_at[tp] = now" in inspect.getsource(faust.tables.recovery)
+    assert "raise RebalanceAgain()" in inspect.getsource(Recovery._wait)
+    assert "_wait_for_table_recovery_completed" in inspect.getsource(faust.App.on_started)

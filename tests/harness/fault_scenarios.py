@@ -726,6 +726,35 @@ def worker_sigkill(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResul
         return run.verify()
 
 
+def recovery_loses_records(bootstrap: str, workdir: Path, sizes: Sizes) -> ScenarioResult:
+    """As `worker_sigkill`, but the restarted worker loses the first delivery of every changelog record
+    on its way to the table recovery (``HELD_STATE=lose-changelog``): its recovery stalls, owed
+    records the fetcher has moved past, until the worker restarts it (`restart_stalled_recovery`,
+    after 5 s here); then it reads them again and finishes the replay."""
+    with pipeline_run("recovery-loses", bootstrap, workdir, sizes) as run:
+        head, tail = _head_and_tail(run.stream(), 0.6)
+        run.procs.start_mitigator()
+        run.procs.start_worker()
+        publisher = Publisher(bootstrap)
+        publisher.publish(head)
+        run.watch.wait(lambda: len(run.watch.markers) >= 1, PROGRESS_TIMEOUT_S, run.procs, "a first marker")
+        run.procs.kill("worker")
+        publisher.publish(tail)
+        run.procs.start_worker(program=(str(HELD_WORKER),), env={"HELD_STATE": "lose-changelog"})
+        run.result.recovery_seconds = _every_job_progresses(run.watch, run.procs, run.traces)
+        lost, restarts = (
+            run.procs.lines("worker", text) for text in ("held: lose-changelog", "restarting it")
+        )
+        if not lost or not restarts:
+            raise ScenarioFailed(
+                f"the restarted worker lost changelog records: {bool(lost)}; restarted its recovery "
+                f"{restarts} times\n{run.procs.log_tail()}"
+            )
+        run.result.faults += 1
+        run.result.notes.append(f"the restarted worker's recovery was restarted {restarts} times")
+        return run.verify()
+
+
 KILL_DELAYS_S = (0.0, 0.15, 0.3, 0.45)
 """`worker_sigkill_repeated`'s pause between seeing the running worker evaluate and the next kill."""
 
@@ -1248,6 +1277,7 @@ SCENARIOS: dict[str, Callable[[str, Path, Sizes], ScenarioResult]] = {
     "bad-input": bad_input,
     "duplicates": duplicates_out_of_order,
     "worker-leaves": worker_leaves,
+    "recovery-loses-records": recovery_loses_records,
     **{f"worker-stops-{state}": functools.partial(worker_stops, state) for state in STOP_STATES},
 }
 """Scenario name -> runner. ``broker-restart`` ignores the given broker: it needs one it may stop."""
