@@ -6,8 +6,10 @@ sent); reports leave as ``task_batch`` records per job, at most ``linger`` secon
 id with murmur2 (sooner once ``max_batch`` are waiting, and at `flush`, `end_job`, `close`). Delivery is
 asynchronous (an idempotent producer, ``acks=all``); `flush` waits for it and raises `DeliveryError`
 carrying every failed delivery. `start_job` and `end_job` wait for it, at most ``delivery_timeout``
-seconds, and raise `BrokerUnreachable` (naming the address) when it did not come; `report` raises it
-too, at once, when records sent before it have waited that long without a delivery. A failed TLS
+seconds, and raise `BrokerUnreachable` (naming the address) when it did not come, or its subclass
+`TopicsMissing` (naming the topics and the command that creates them) when the broker answers but
+lacks a topic; `report` raises it too, at once, when records sent before it have waited that long
+without a delivery. A failed TLS
 handshake with the brokers (a wrong CA, an expired or missing certificate) raises `TlsHandshakeError`
 naming the address and the cause from the next call (`start_job` within about a second), instead of
 retrying until the records time out.
@@ -26,16 +28,22 @@ from numbers import Integral, Real
 from types import TracebackType
 from typing import Any, Self, SupportsFloat, SupportsIndex
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from schemas import Event, JobEvent, TaskCheckpoint, encode, task_batches
 from schemas.events import TaskStatus
 from straggler.kafka.config import DeliveryCounter, DeliveryError, TlsHandshakeError, producer_config
 from straggler.kafka.names import TopicNames
 from straggler.kafka.produce import produce_with_backpressure
-from straggler.kafka.reachability import BrokerUnreachable, failure_cause, quiet_librdkafka_logger
+from straggler.kafka.reachability import (
+    BrokerUnreachable,
+    TopicsMissing,
+    failure_cause,
+    quiet_librdkafka_logger,
+)
 from straggler.kafka.security import current_security
 from straggler.kafka.tls_errors import handshake_failure
+from straggler.kafka.topics import create_command
 
 DEFAULT_FLUSH_SECONDS = 30.0
 FLUSH_SLICE_SECONDS = 0.5
@@ -44,6 +52,8 @@ DEFAULT_DELIVERY_TIMEOUT_S = 10.0
 """Longest `start_job` and `end_job` wait for their records' delivery before they raise."""
 DEFAULT_LINGER_SECONDS = 0.5
 """Longest a report waits in the SDK for others of its job before its batch is sent."""
+METADATA_TIMEOUT_S = 2.0
+"""Longest wait for the broker's topic list when records wait undelivered (to tell a missing topic)."""
 DEFAULT_MAX_BATCH = 1000
 """A job's batch is sent as soon as this many reports wait (records are cut within 64 KiB anyway)."""
 
@@ -277,6 +287,22 @@ class TelemetryProducer:
         return self._deliveries.delivered + self._deliveries.failed
 
     def _unreachable(self) -> BrokerUnreachable:
+        """Why records wait undelivered: the broker answers but lacks a topic (`TopicsMissing`),
+        else it does not answer (`BrokerUnreachable`, with librdkafka's cause)."""
+        wanted = (self.topics.checkpoints, self.topics.job_events)
+        try:
+            listed = self._producer.list_topics(timeout=METADATA_TIMEOUT_S).topics
+        except KafkaException:  # no answer: the broker is unreachable indeed
+            listed = None
+        if listed is not None:
+            missing = [t for t in wanted if t not in listed or listed[t].error is not None]
+            if missing:
+                return TopicsMissing(
+                    self.bootstrap,
+                    missing,
+                    create_command(self.bootstrap, self.topics.prefix),
+                    self.delivery_timeout,
+                )
         return BrokerUnreachable(
             self.bootstrap, failure_cause(self._connection_errors), self.delivery_timeout
         )

@@ -15,6 +15,7 @@ from producers.telemetry import TelemetryProducer
 from schemas import Event, JobEvent, SchemaError, TaskCheckpoint, decode_each
 from straggler.kafka.config import consumer_config
 from straggler.kafka.names import TopicNames
+from straggler.kafka.reachability import BrokerUnreachable, TopicsMissing
 from straggler.kafka.topics import create_topics
 
 pytestmark = pytest.mark.broker
@@ -197,3 +198,21 @@ def test_a_report_without_start_time_carries_its_attempts_first_report_time(
         (1, None),
         (2, 126.0),
     ]
+
+
+def test_a_job_started_on_topics_that_do_not_exist_names_them_and_the_command_that_creates_them(
+    kafka_bootstrap: str, fresh_topic_prefix: str
+) -> None:
+    """The broker answers, the topics are missing (never auto-created here): one line says which and
+    how to create them, not that no broker answers. It is a `BrokerUnreachable`, so code that stops
+    sending on one stops on this too."""
+    topics = TopicNames(fresh_topic_prefix)  # not created
+    with pytest.raises(TopicsMissing) as raised:  # noqa: SIM117 - the error comes from inside the block
+        with TelemetryProducer(kafka_bootstrap, topics=topics, delivery_timeout=2.0) as telemetry:
+            telemetry.start_job("live-1", expected_tasks=1, at=1.0)
+    message = str(raised.value)
+    assert isinstance(raised.value, BrokerUnreachable)
+    assert raised.value.topics == [topics.checkpoints, topics.job_events]
+    create = f"straggler topics create --bootstrap {kafka_bootstrap} --topic-prefix {fresh_topic_prefix}"
+    assert create in message
+    assert "no Kafka broker answers" not in message and "\n" not in message

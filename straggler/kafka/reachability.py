@@ -73,6 +73,22 @@ class BrokerUnreachable(RuntimeError):
         self.seconds = seconds
 
 
+class TopicsMissing(BrokerUnreachable):
+    """The broker at ``address`` answers, but lacks ``topics``: records for them are never delivered.
+    A `BrokerUnreachable`, so that code that stops sending on one stops on this too."""
+
+    def __init__(self, address: str, topics: Sequence[str], create_command: str, seconds: float) -> None:
+        RuntimeError.__init__(
+            self,
+            f"topic(s) {', '.join(topics)} missing on the broker at {address}, so nothing was delivered "
+            f"in {seconds:g} s; create them with `{create_command}`",
+        )
+        self.address = address
+        self.cause = "topics missing"
+        self.seconds = seconds
+        self.topics = list(topics)
+
+
 def failure_cause(errors: Sequence[str]) -> str:
     """What the last of librdkafka's connection errors says, in a few words: the cause it names
     (`CAUSES`), else its own text without the broker and the timing, else "no answer"."""
