@@ -103,6 +103,8 @@ class TelemetryProducer:
         self._stalled_since: float | None = None
         """Since when records have waited without any delivery (None: none waits, or one came)."""
         self._errors_raised = 0
+        self._undelivered: tuple[int, BrokerUnreachable] | None = None
+        """Why records wait (`_unreachable`), with the deliveries settled when that was found."""
         self._closed = False
         self.linger = linger
         self.max_batch = max_batch
@@ -287,15 +289,22 @@ class TelemetryProducer:
         return self._deliveries.delivered + self._deliveries.failed
 
     def _unreachable(self) -> BrokerUnreachable:
-        """Why records wait undelivered: the broker answers but lacks a topic (`TopicsMissing`),
-        else it does not answer (`BrokerUnreachable`, with librdkafka's cause)."""
-        wanted = (self.topics.checkpoints, self.topics.job_events)
-        try:
-            listed = self._producer.list_topics(timeout=METADATA_TIMEOUT_S).topics
-        except KafkaException:  # no answer: the broker is unreachable indeed
-            listed = None
-        if listed is not None:
-            missing = [t for t in wanted if t not in listed or listed[t].error is not None]
+        """Why records wait undelivered, found once until a delivery settles (later calls raise at
+        once): the broker was reached but lacks a topic (`TopicsMissing`), else it does not answer
+        (`BrokerUnreachable`, with librdkafka's cause)."""
+        settled = self._settled_now()
+        if self._undelivered is None or self._undelivered[0] != settled:
+            self._undelivered = (settled, self._why_undelivered())
+        return self._undelivered[1]
+
+    def _why_undelivered(self) -> BrokerUnreachable:
+        if not self._connection_errors:  # the broker was reached: look for a missing topic
+            wanted = (self.topics.checkpoints, self.topics.job_events)
+            try:
+                listed = self._producer.list_topics(timeout=METADATA_TIMEOUT_S).topics
+            except KafkaException:  # no answer after all
+                listed = None
+            missing = [] if listed is None else [t for t in wanted if t not in listed or listed[t].error]
             if missing:
                 return TopicsMissing(
                     self.bootstrap,
