@@ -654,6 +654,21 @@ def _committed_inputs(bootstrap: str, group: str, topics: TopicNames) -> int:
         consumer.close()
 
 
+def _records_in(bootstrap: str, topics: Sequence[str]) -> int:
+    """How many records ``topics`` hold (end offsets summed over their partitions)."""
+    from straggler.kafka.offsets import end_offsets
+
+    consumer = Consumer(consumer_config(bootstrap, f"records-in-{uuid.uuid4().hex[:8]}"))
+    try:
+        total = 0
+        for topic in topics:
+            partitions = list(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+            total += sum(end_offsets(consumer, topic, partitions, timeout=30).values())
+        return total
+    finally:
+        consumer.close()
+
+
 def _marked_in(records: Sequence[Outgoing]) -> set[tuple[str, float]]:
     found = set()
     for _, _, value in records:
@@ -731,6 +746,9 @@ def recovery_loses_records(bootstrap: str, workdir: Path, sizes: Sizes) -> Scena
     on its way to the table recovery (``HELD_STATE=lose-changelog``): its recovery stalls, owed
     records the fetcher has moved past, until the worker restarts it (`restart_stalled_recovery`,
     after 5 s here); then it reads them again and finishes the replay."""
+    from pipeline.faust_app import changelog_topics
+    from pipeline.settings import WorkerSettings
+
     with pipeline_run("recovery-loses", bootstrap, workdir, sizes) as run:
         head, tail = _head_and_tail(run.stream(), 0.6)
         run.procs.start_mitigator()
@@ -738,6 +756,10 @@ def recovery_loses_records(bootstrap: str, workdir: Path, sizes: Sizes) -> Scena
         publisher = Publisher(bootstrap)
         publisher.publish(head)
         run.watch.wait(lambda: len(run.watch.markers) >= 1, PROGRESS_TIMEOUT_S, run.procs, "a first marker")
+        changelogs = changelog_topics(WorkerSettings(bootstrap=bootstrap, topics=run.topics))
+        run.watch.wait(  # the tables have rows to recover (else the restart has nothing to lose)
+            lambda: _records_in(bootstrap, changelogs) > 0, PROGRESS_TIMEOUT_S, run.procs, "changelog rows"
+        )
         run.procs.kill("worker")
         publisher.publish(tail)
         run.procs.start_worker(program=(str(HELD_WORKER),), env={"HELD_STATE": "lose-changelog"})
