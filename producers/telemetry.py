@@ -9,10 +9,9 @@ carrying every failed delivery. `start_job` and `end_job` wait for it, at most `
 seconds, and raise `BrokerUnreachable` (naming the address) when it did not come, or its subclass
 `TopicsMissing` (naming the topics and the command that creates them) when the broker answers but
 lacks a topic; `report` raises it too, at once, when records sent before it have waited that long
-without a delivery. A failed TLS
-handshake with the brokers (a wrong CA, an expired or missing certificate) raises `TlsHandshakeError`
-naming the address and the cause from the next call (`start_job` within about a second), instead of
-retrying until the records time out.
+without a delivery. A failed TLS handshake with the brokers (a wrong CA, an expired or missing
+certificate) raises `TlsHandshakeError` naming the address and the cause from the next call
+(`start_job` within about a second), instead of retrying until the records time out.
 
 Example: README.md ("Live telemetry"); the records: docs/stream-protocol.md.
 """
