@@ -19,7 +19,12 @@ import faust
 
 from pipeline.faust_app import create_changelog_topics as create_changelog_topics  # `straggler worker`
 from pipeline.faust_app import faust_app, job_store, start_uncommitted_inputs_at_their_beginning
-from pipeline.faust_patches import acknowledged, release_before_wait_empty, release_without_commit
+from pipeline.faust_patches import (
+    acknowledged,
+    release_before_wait_empty,
+    release_without_commit,
+    restart_stalled_recovery,
+)
 from pipeline.group_commit import COMMIT_SECONDS, GroupCommit, InputRecord
 from pipeline.handler import AgentStats, JobEventHandler, Send, process
 from pipeline.jobstore import CLOSED_ROW_SECONDS, Position
@@ -54,6 +59,8 @@ class Worker:
         metrics = WorkerMetrics(stats, jobs=self.store.open_jobs)
         app.straggler_metrics = metrics  # type: ignore[attr-defined]  # served by `straggler worker --metrics-port`
         install_lag_sampler(app, metrics, {names.checkpoints, names.job_events})
+        # a recovery owed records it will never fetch reads them again (`pipeline.faust_patches`)
+        restart_stalled_recovery(app, on_restart=metrics.recovery_restarts.inc)
         self.handler = JobEventHandler(
             self.store,
             method=settings.method,

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import faust
 
-from pipeline.faust_patches import drain_fully, keep_queued_records, restart_stalled_recovery
+from pipeline.faust_patches import drain_fully, keep_queued_records
 from pipeline.jobstore import SEPARATOR, JobStore, new_online_job
 from pipeline.settings import WorkerSettings, app_id
 from straggler.core.method import StragglerMethod
@@ -179,5 +179,4 @@ def faust_app(settings: WorkerSettings) -> faust.App:
     )
     drain_fully(app.producer)  # every commit waits for all buffered rows (`pipeline.faust_patches`)
     keep_queued_records(app.flow_control)  # recovery's second resume must not drop fetched records
-    restart_stalled_recovery(app)  # a recovery owed records it will never fetch reads them again
     return app

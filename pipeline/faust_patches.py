@@ -148,9 +148,38 @@ def stalled_partitions(
     }
 
 
-def restart_stalled_recovery(app: faust.App, limit: float | None = None) -> None:
+async def restart_if_stalled(recovery: Any, consumer: Any, limit: float, now: float) -> bool:
+    """Restart Faust's table ``recovery`` (its ``signal_recovery_start``) if it has read nothing for
+    ``limit`` seconds at monotonic ``now`` with partitions still behind, logging where each stands
+    (``consumer``'s fetch position among it); return whether it did."""
+    if not recovery.in_recovery or recovery.signal_recovery_start.is_set():
+        return False
+    heard = [recovery._recovery_started_at or 0.0, *recovery._active_events_received_at.values()]
+    behind = stalled_partitions(recovery.active_offsets, recovery.active_highwaters, max(heard), now, limit)
+    if not behind:
+        return False
+    where = []
+    for tp, (offset, highwater) in sorted(behind.items()):
+        try:
+            position = str(await asyncio.wait_for(consumer.position(tp), timeout=1.0))
+        except Exception:  # the consumer's thread does not answer: say so, restart anyway
+            position = "?"
+        where.append(f"{tp.topic}[{tp.partition}] read to {offset} of {highwater}, fetch at {position}")
+    log.warning(
+        "table recovery read no changelog record for %.0f s with %d partition(s) behind (%s); restarting it",
+        limit,
+        len(behind),
+        "; ".join(where),
+    )
+    recovery.signal_recovery_start.set()
+    return True
+
+
+def restart_stalled_recovery(
+    app: faust.App, limit: float | None = None, on_restart: Callable[[], None] | None = None
+) -> None:
     """Restart ``app``'s table recovery when it has read nothing for ``limit`` seconds with partitions
-    still behind, saying where each stands (what it read, its last offset, the fetcher's position).
+    still behind (`restart_if_stalled`), calling ``on_restart`` each time (a metric).
 
     The restart is Faust's own, as when another rebalance comes (``Recovery.signal_recovery_start``):
     it rebuilds the highwaters, seeks each changelog partition to what the recovery has read and reads
@@ -158,35 +187,11 @@ def restart_stalled_recovery(app: faust.App, limit: float | None = None) -> None
     on: Faust starts an App's timers only once its first recovery is complete."""
     limit = RECOVERY_STALL_S if limit is None else limit
 
-    async def restart_if_stalled() -> None:
-        recovery: Any = cast(Any, app.tables).recovery  # TableManagerT does not declare it
-        if not recovery.in_recovery or recovery.signal_recovery_start.is_set():
-            return
-        heard = [recovery._recovery_started_at or 0.0, *recovery._active_events_received_at.values()]
-        behind = stalled_partitions(
-            recovery.active_offsets, recovery.active_highwaters, max(heard), monotonic(), limit
-        )
-        if not behind:
-            return
-        where = []
-        for tp, (offset, highwater) in sorted(behind.items()):
-            try:
-                position = str(await asyncio.wait_for(app.consumer.position(tp), timeout=1.0))
-            except Exception:  # the consumer's thread does not answer: say so, restart anyway
-                position = "?"
-            where.append(f"{tp.topic}[{tp.partition}] read to {offset} of {highwater}, fetch at {position}")
-        log.warning(
-            "table recovery read no changelog record for %.0f s with %d partitions behind (%s); "
-            "restarting it",
-            limit,
-            len(behind),
-            "; ".join(where),
-        )
-        recovery.signal_recovery_start.set()
-
     async def watch() -> None:
         async for _ in app.itertimer(limit / 6, name="restart_stalled_recovery"):
-            await restart_if_stalled()
+            recovery = cast(Any, app.tables).recovery  # TableManagerT does not declare it
+            if await restart_if_stalled(recovery, app.consumer, limit, monotonic()) and on_restart:
+                on_restart()
 
     watching: list[asyncio.Future[Any]] = []
 

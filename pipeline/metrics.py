@@ -53,6 +53,11 @@ class WorkerMetrics:
         self.flags = Counter("straggler_worker_flags", "predictions that flag a straggler", registry=r)
         self.dead_letters = DeadLetterCounter("straggler_worker_dead_letters", r)
         self.jobs = Gauge("straggler_worker_jobs", "jobs tracked (open rows of the jobs table)", registry=r)
+        self.recovery_restarts = Counter(
+            "straggler_worker_recovery_restarts",
+            "table recoveries restarted after reading nothing for 30 s with changelog partitions behind",
+            registry=r,
+        )
         self.count_jobs = jobs
         """Read on the worker's event loop (`install_lag_sampler`), never from the scrape's thread: a
         scrape that touched the Faust table before it started left the worker hanging on SIGTERM."""

@@ -23,6 +23,7 @@ from pipeline.faust_patches import (
     keep_queued_records,
     release_before_wait_empty,
     release_without_commit,
+    restart_if_stalled,
     stalled_partitions,
 )
 
@@ -262,3 +263,46 @@ def test_the_faust_recovery_internals_the_restart_uses_are_there() -> None:
     assert "active_events_received_at[tp] = now" in inspect.getsource(faust.tables.recovery)
     assert "raise RebalanceAgain()" in inspect.getsource(Recovery._wait)
     assert "_wait_for_table_recovery_completed" in inspect.getsource(faust.App.on_started)
+
+
+def test_a_stalled_recovery_is_restarted_once_and_says_where_each_partition_stands(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Faust's recovery, as `restart_if_stalled` reads it: started at 100, last changelog record at 110,
+    one partition behind. At 139 it is still waiting; at 140 it is restarted (Faust's own signal) with
+    one line naming the partition, what was read, its end and the fetch position; once the signal is
+    set, or when the recovery has ended, nothing more happens."""
+    from faust.types import TP
+
+    behind, done = TP("app-tasks-changelog", 4), TP("app-jobs-changelog", 4)
+
+    class Consumer:
+        async def position(self, tp: TP) -> int:
+            return 8
+
+    recovery = SimpleNamespace(
+        in_recovery=True,
+        signal_recovery_start=asyncio.Event(),
+        _recovery_started_at=100.0,
+        _active_events_received_at={done: 110.0},
+        active_offsets={behind: -1, done: 5},
+        active_highwaters={behind: 7, done: 5},
+    )
+
+    def check(now: float) -> bool:
+        return asyncio.run(restart_if_stalled(recovery, Consumer(), 30.0, now))
+
+    with caplog.at_level("WARNING", logger="pipeline.faust_patches"):
+        assert not check(139.9)
+        assert not recovery.signal_recovery_start.is_set()
+        assert check(140.0)
+        assert recovery.signal_recovery_start.is_set()
+        assert not check(200.0)  # restarting already
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "table recovery read no changelog record for 30 s with 1 partition(s) behind "
+        "(app-tasks-changelog[4] read to -1 of 7, fetch at 8); restarting it"
+    ]
+    recovery.signal_recovery_start.clear()
+    recovery.in_recovery = False
+    assert not check(1e6)
