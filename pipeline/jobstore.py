@@ -187,13 +187,7 @@ class JobStore:
     def peek_meta(self, job_id: str) -> JobMeta | None:
         """The job's row, from the cache or read from the table without loading the job."""
         cached = self._cache.get(job_id)
-        if cached is not None:
-            return cached.meta
-        payload = self.jobs.get(job_id.encode())
-        if payload is None or job_id in self._ended:
-            return None
-        meta = JobMeta.decode(payload)
-        return None if meta.closed_at is not None else meta
+        return cached.meta if cached is not None else self._open_row(job_id)
 
     def closed_end(self, job_id: str) -> float | None:
         """The end of ``job_id`` if the worker closed it (its row says so, or the next commit will);
@@ -202,9 +196,18 @@ class JobStore:
             return None
         if job_id in self._ended:
             return self._ended[job_id][0]
-        payload = self.jobs.get(job_id.encode())
-        meta = None if payload is None else JobMeta.decode(payload)
+        meta = self._stored_row(job_id)
         return None if meta is None or meta.closed_at is None else meta.ended_at
+
+    def _stored_row(self, job_id: str) -> JobMeta | None:
+        """The job's row as the ``jobs`` table holds it (None: no row)."""
+        payload = self.jobs.get(job_id.encode())
+        return None if payload is None else JobMeta.decode(payload)
+
+    def _open_row(self, job_id: str) -> JobMeta | None:
+        """The job's row if the job is open: neither dropped since the last commit nor closed."""
+        meta = None if job_id in self._ended else self._stored_row(job_id)
+        return None if meta is None or meta.closed_at is not None else meta
 
     def open_jobs(self) -> int:
         """How many jobs the table holds open (its closed rows left out)."""
@@ -276,13 +279,10 @@ class JobStore:
         return None if cached is None else cached.job
 
     def _load(self, job_id: str, with_model: bool = True) -> _CachedJob | None:
-        """The job rebuilt from the tables (its model too, unless not ``with_model``); None if unknown
-        or dropped since the last commit."""
-        payload = self.jobs.get(job_id.encode())
-        if payload is None or job_id in self._ended:
-            return None
-        meta = JobMeta.decode(payload)
-        if meta.closed_at is not None:
+        """The job rebuilt from the tables (its model too, unless not ``with_model``); None if unknown,
+        closed, or dropped since the last commit."""
+        meta = self._open_row(job_id)
+        if meta is None:
             return None
         job = self.make_job(job_id, meta)
         rows = sorted(self._rows(self.tasks, f"{job_id}{SEPARATOR}".encode()))
