@@ -42,7 +42,7 @@ from straggler.kafka.reachability import (
 )
 from straggler.kafka.security import current_security
 from straggler.kafka.tls_errors import handshake_failure
-from straggler.kafka.topics import create_command
+from straggler.kafka.topics import absent_from, create_command
 
 DEFAULT_FLUSH_SECONDS = 30.0
 FLUSH_SLICE_SECONDS = 0.5
@@ -303,7 +303,7 @@ class TelemetryProducer:
                 listed = self._producer.list_topics(timeout=METADATA_TIMEOUT_S).topics
             except KafkaException:  # no answer after all
                 listed = None
-            missing = [] if listed is None else [t for t in wanted if t not in listed or listed[t].error]
+            missing = [] if listed is None else absent_from(listed, wanted)
             if missing:
                 return TopicsMissing(
                     self.bootstrap,

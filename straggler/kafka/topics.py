@@ -8,7 +8,7 @@ parallelism and of per-key ordering) is decided here rather than by whichever cl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,7 +200,12 @@ def partition_count(bootstrap: str, topic: str) -> int:
 def missing_topics(bootstrap: str, topics: Sequence[str]) -> list[str]:
     """Those of ``topics`` the broker does not have (in their order)."""
     admin = AdminClient(admin_config(bootstrap))
-    listed = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+    return absent_from(admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics, topics)
+
+
+def absent_from(listed: Mapping[str, Any], topics: Sequence[str]) -> list[str]:
+    """Those of ``topics`` a metadata answer (``ClusterMetadata.topics``) lacks, or gives with an error
+    or without partitions (in their order)."""
     return [t for t in topics if t not in listed or listed[t].error is not None or not listed[t].partitions]
 
 
