@@ -109,13 +109,16 @@ def online_job(
         method,
         len(trace.feature_names),
         trace.expected_tasks,
-        threshold=oracle if config.threshold == "oracle" else None,
+        # the control is told the true p90 with the truth, so its job is judged against it too
+        threshold=oracle if config.threshold == "oracle" or isinstance(method, Oracle) else None,
         quantile=config.quantile,
         start_fraction=config.start_fraction,
         refit_growth=config.refit_growth,
     )
     if isinstance(method, Oracle):  # the control told the future (evaluation only)
-        method.reveal(dict(zip(trace.task_ids, latency.tolist(), strict=True)), oracle)
+        ended = ~trace.finished & np.isfinite(trace.end)
+        unfinished = [t for t, e in zip(trace.task_ids, ended.tolist(), strict=True) if e]
+        method.reveal(dict(zip(trace.task_ids, latency.tolist(), strict=True)), oracle, unfinished)
     if method.needs_granted_labels:
         # The paper grants Wrangler true labels of a random 2/3 of each job's tasks.
         rng = np.random.default_rng(config.seed)

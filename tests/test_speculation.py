@@ -627,3 +627,51 @@ def test_an_original_its_copy_finished_before_tells_how_slow_its_machine_is() ->
     elsewhere.on_task_machine("job", "first", 1, "m3")
     elsewhere.on_task_finished("job", "first", 110.0, 10.0, attempt=1)
     assert copied_on_machines(elsewhere, running, machines=True) == []
+
+
+# ---------------------------------------------------------------- copies that need no price (#40)
+
+
+def test_a_likely_straggler_is_copied_before_its_job_has_finished_a_task_and_a_flag_alone_is_not() -> None:
+    """No finished task, no curve to price a copy by: a verdict at least 0.9 likely buys one at once,
+    outside the budget; a 0.5 verdict and a flag without a probability wait."""
+    policy = Speculate(checkpoint_interval=10.0)
+    decisions = [
+        verdict("likely", 10.0, 10.0, probability=0.95),
+        verdict("unsure", 10.0, 10.0, probability=0.5),
+        verdict("flagged", 10.0, 10.0, flagged=True),
+    ]
+    (copy,) = policy.on_checkpoint("job", 10.0, decisions)
+    assert (copy.task_id, copy.action) == ("likely", "duplicate")
+    assert "a likely straggler before 2 of the job's tasks finished" in copy.reason
+    assert copy.reason.endswith("(p = 0.95)")
+    assert policy._jobs["job"].spent == 0.0
+
+
+def test_once_the_curve_is_trusted_a_likely_straggler_is_priced() -> None:
+    """The same 0.95 verdict once 95 tasks finished: its copy is bought by the price, and says so."""
+    policy = Speculate(checkpoint_interval=10.0)
+    finished_job(policy)
+    (copy,) = policy.on_checkpoint("job", 10.0, [verdict("likely", 10.0, 10.0, probability=0.95)])
+    assert copy.reason.startswith("copy: job ") and "extra machine time" in copy.reason
+
+
+def sure_copy(elapsed: float, probability: float) -> list[str]:
+    """A small job checkpointed every 300 s: 9 tasks of 10-20 s and one of 120 s finished; one task
+    ``elapsed`` into its run, said to pass 30 s with ``probability``: the reasons of its copies. A
+    copy most likely ends first, but its loser runs on for half the spacing, too dear for the price."""
+    policy = Speculate(checkpoint_interval=300.0, floor=None)
+    for i, latency in enumerate([*np.linspace(10.0, 20.0, 9), 120.0]):
+        policy.on_task_finished("job", f"done-{i}", float(latency), float(latency))
+    decision = verdict("task", 300.0, elapsed, threshold=30.0, probability=probability)
+    return [a.reason for a in policy.on_checkpoint("job", 300.0, [decision]) if a.action == "duplicate"]
+
+
+def test_a_sure_straggler_is_copied_at_once_where_its_copy_is_expected_to_end_first() -> None:
+    """Sure to pass 30 s, 10 s in, the task is expected to run about as long as the job's slow
+    finish: its copy, a fresh draw, most likely ends first; a likely (0.99) straggler is priced, and
+    not worth it. 119 s in, it most likely ends within a second or so, before a copy would."""
+    (reason,) = sure_copy(10.0, 0.9999)
+    assert "a sure straggler, whose copy likely ends first" in reason
+    assert sure_copy(10.0, 0.99) == []
+    assert sure_copy(119.0, 0.9999) == []

@@ -142,6 +142,9 @@ class StragglerMethod(ABC):
     learns_across_jobs: ClassVar[bool] = False
     #: True only for the oracle-fed control (`straggler.core.oracle`): told the future, evaluation only
     uses_future_information: ClassVar[bool] = False
+    #: True for a method that can judge a job's tasks before any of them finished (the oracle-fed
+    #: control): the job driver asks it from the job's first checkpoint, not once it is `ready`
+    predicts_before_finishes: ClassVar[bool] = False
     #: learned attributes that are not plain state values, and how each becomes one
     state_codecs: ClassVar[Mapping[str, StateCodec]] = {}
 

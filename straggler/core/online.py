@@ -85,7 +85,10 @@ class OnlineJob:
         return self.state.job_id
 
     def ready(self) -> bool:
-        """Has the job finished enough tasks to start predicting?"""
+        """Has the job finished enough tasks to start predicting (always, for a method that predicts
+        before any finish)?"""
+        if self.method.predicts_before_finishes:
+            return True
         needed = finished_needed(self.state.expected_tasks, self.start_fraction, self.min_finished)
         return self.state.n_finished >= needed
 

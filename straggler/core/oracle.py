@@ -10,7 +10,7 @@ one method its check must catch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import ClassVar, Self
 
 import numpy as np
@@ -25,15 +25,20 @@ class Oracle(StragglerMethod):
     name: ClassVar[str] = "oracle"
     predicts_latency: ClassVar[bool] = False
     uses_future_information: ClassVar[bool] = True
+    predicts_before_finishes: ClassVar[bool] = True  # it needs no finished task to know the truth
 
     def __init__(self) -> None:
         """No parameters; the truth comes through `reveal`."""
 
-    def reveal(self, latency: Mapping[str, float], threshold: float) -> None:
-        """Every task's true latency by task id (NaN: it has none, e.g. it was killed), and the job's
-        true straggler threshold (its p90)."""
+    def reveal(
+        self, latency: Mapping[str, float], threshold: float, unfinished: Collection[str] = ()
+    ) -> None:
+        """Every task's true latency by task id (NaN: it has none), the job's true straggler threshold
+        (its p90), and the tasks whose run ends without finishing (killed, failed or lost): never a
+        straggler, so labelled 0. A task still running at the trace's end stays unknown (NaN)."""
         self.latency_ = dict(latency)
         self.threshold_ = float(threshold)
+        self.unfinished_ = frozenset(unfinished)
 
     def fit(self, data: CheckpointData) -> Self:
         if not hasattr(self, "latency_"):
@@ -43,8 +48,12 @@ class Oracle(StragglerMethod):
     def predict(self, data: CheckpointData) -> Scores:
         if data.running_ids is None:
             raise ValueError("the oracle needs the running tasks' ids")
-        latency = np.array([self.latency_.get(t, np.nan) for t in data.running_ids], dtype=np.float64)
-        known = np.isfinite(latency)
+        # a task whose run ends unfinished is never a straggler: below every threshold
+        latency = np.array(
+            [-np.inf if t in self.unfinished_ else self.latency_.get(t, np.nan) for t in data.running_ids],
+            dtype=np.float64,
+        )
+        known = ~np.isnan(latency)
         straggler = known & (latency >= self.threshold_)
         probability = np.where(known, straggler.astype(np.float64), np.nan)
         return Scores.from_labels(straggler, probability=probability)

@@ -8,14 +8,17 @@ prediction buys a copy at once. A task that outruns the job's normal runs grows 
 stuck (it never ends by itself), so its expected remaining time grows with its elapsed time. The
 rule copies the prefix of candidates (ordered by the time a copy saves the task) that maximises
 ``saving / J - machine_price * extra / W``, under a per-job ``budget`` and optional ``machines``;
-Spark's rule (`SparkRule`) is its floor. `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's
-duplicate test on the same estimates.
+Spark's rule (`SparkRule`) is its floor. Some copies need no price (`Speculate.at_once`): before a
+job has finished enough tasks to trust its curve, a likely straggler (`EARLY_CONFIDENCE`); after, a
+sure one (`SURE`) whose copy is expected to end first. `Spark` is Spark's rule alone,
+`MantriDuplicate` Mantri's duplicate test on the same estimates.
 
 The rule's derivation: docs/architecture.md, "Policies and speculation".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from straggler.core.arrays import FloatArray, IntArray
-from straggler.core.online import Decision
+from straggler.core.online import Decision, finished_needed
 from straggler.core.policies import Action, Hold, HoldKind, MitigationPolicy
 from straggler.core.survival import LatencySurvival
 
@@ -97,6 +100,8 @@ class CopyPlan:
     work: float
     floor_tasks: frozenset[str] = frozenset()
     """Those of ``tasks`` the floor rule added."""
+    unpriced: bool = False
+    """Whether ``tasks`` are copies that need no price (`Speculate.at_once`)."""
     held: dict[str, HoldKind] = field(default_factory=dict)
     """Candidates left out, and why: ``price`` (not worth its machine time), ``budget`` (over the
     job's budget) or ``machines`` (no spare machine); a running task not here had no estimate."""
@@ -156,6 +161,17 @@ SPARK_LEGACY = SparkRule(1.5, 0.75)
 """Spark's defaults up to 3.5 (the floor of `Speculate`)."""
 SPARK_4 = SparkRule(3.0, 0.9)
 """Spark's defaults since 4.0 (SPARK-47720): what the ``spark`` policy runs."""
+EARLY_CONFIDENCE = 0.9
+"""How likely a predictor must find it that a task straggles for `Speculate` to copy it at once while
+its job has finished too few tasks to trust its curve (`finished_needed`): a copy is a fresh draw from
+the job's tasks, at most a tenth of which straggle, so it most likely ends first, and what it saves is
+the straggler's whole excess over its peers."""
+SURE = 0.999
+"""A straggle probability at least this (or at most 1 - this) is taken at its word by `Speculate`: a
+sure straggler is copied at once where its copy is expected to end first, and a task sure not to
+straggle stays bounded by the threshold where its times are scaled (`_estimate`). A method's
+probabilities are clipped to [1e-4, 1 - 1e-4] (`_weigh_verdict`), so only verdicts near-certain at
+every checkpoint reach it."""
 DEFAULT_MACHINE_PRICE = 8.0
 """The measured knee on the real and synthetic traces, with an earlier policy
 (`git show 96386f7:docs/results.md`, §9)."""
@@ -313,6 +329,8 @@ class Speculate(MitigationPolicy):
             job.copied.add(task_id)
             if self.floor is not None and task_id in plan.floor_tasks:
                 reason = f"copy: ran {at - running.start:.0f}s, {self.floor.describe(job)}"
+            elif plan.unpriced:
+                reason = f"copy: ran {at - running.start:.0f}s, {self._why_at_once(job)}"
             else:
                 reason = (
                     f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
@@ -370,14 +388,15 @@ class Speculate(MitigationPolicy):
             extra = extra[: max(self.machines - len(job.races) - len(plan.tasks), 0)]
         if not extra:
             return plan
-        return CopyPlan(
-            [*plan.tasks, *extra], plan.saving, plan.extra, plan.completion, plan.work, frozenset(extra)
-        )
+        return dataclasses.replace(plan, tasks=[*plan.tasks, *extra], floor_tasks=frozenset(extra))
 
     def plan(self, job: _Job, at: float, estimate: Estimate) -> CopyPlan:
         """The copies to start now (see the module docstring), from the checkpoint's ``estimate``;
         changes nothing."""
         est = estimate()
+        at_once = self.at_once(job, est)
+        if at_once.tasks:
+            return at_once
         if est is None or not len(est.candidates):
             return NO_PLAN
         tail = 1.0 - est.remaining[est.candidates]
@@ -409,6 +428,38 @@ class Speculate(MitigationPolicy):
             return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
         chosen = [est.ids[i] for i in est.candidates[order[:left]]]
         return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work, held=held)
+
+    def at_once(self, job: _Job, est: _Estimates | None) -> CopyPlan:
+        """The copies that need no price, most likely stragglers first, within ``machines`` and not
+        charged to the budget: until the job has finished the tasks its predictor waits for
+        (`finished_needed`), each running task at least `EARLY_CONFIDENCE` likely to straggle (the
+        job's curve is too thin to price a copy by, and a copy of a straggler most likely ends
+        first); after, each one `SURE` to straggle whose copy is expected to end first."""
+        known = len(job.finished) + len(job.running)
+        early = len(job.finished) < finished_needed(known)
+        confidence = EARLY_CONFIDENCE if early else SURE
+        likely = sorted(
+            (-r.probability, task_id)
+            for task_id, r in job.running.items()
+            if r.verdicts
+            and r.probability >= confidence
+            and task_id not in job.copied
+            and task_id not in job.races
+        )
+        tasks = [task_id for _, task_id in likely]
+        if not early and est is not None and tasks:
+            row = {task_id: i for i, task_id in enumerate(est.ids)}
+            tasks = [t for t in tasks if _copy_ends_first(est, row[t]) > 0.5]
+        if self.machines is not None:
+            tasks = tasks[: max(self.machines - len(job.races), 0)]
+        return CopyPlan(tasks, math.nan, 0.0, math.nan, math.nan, unpriced=True) if tasks else NO_PLAN
+
+    def _why_at_once(self, job: _Job) -> str:
+        """The reason of a copy `at_once` made, for its command."""
+        needed = finished_needed(len(job.finished) + len(job.running))
+        if len(job.finished) < needed:
+            return f"a likely straggler before {needed} of the job's tasks finished"
+        return "a sure straggler, whose copy likely ends first"
 
 
 def _p(running: _Running) -> str:
@@ -563,8 +614,12 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
         # A threshold past the curve's last finish on the task's own scale is one only a hang reaches:
         # the predictor's probability of it (learnt on raw latencies, where its input makes a task
         # long) is not a probability of hanging, so it is left out there; the elapsed time still is.
+        # A sure "ends before it" (`SURE`) still bounds the task, wherever the threshold lies.
         task_threshold = threshold / scale
-        task_threshold = np.where(task_threshold <= survival.last_time, task_threshold, np.nan)
+        sure_normal = probability <= 1.0 - SURE
+        task_threshold = np.where(
+            (task_threshold <= survival.last_time) | sure_normal, task_threshold, np.nan
+        )
         if machines is not None:
             probability = _with_machine_evidence(survival, probability, threshold, elapsed, scale, copy_scale)
         remaining = survival.remaining_cdf(
@@ -589,7 +644,8 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
     if completion <= 0 or work <= 0:
         return None
     candidates = np.array(
-        [i for i, t in enumerate(ids) if t not in job.copied and t not in job.races], dtype=np.int64
+        [i for i, t in enumerate(ids) if t not in job.copied and t not in job.races],
+        dtype=np.int64,
     )
     return _Estimates(
         ids,
