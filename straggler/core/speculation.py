@@ -100,8 +100,8 @@ class CopyPlan:
     work: float
     floor_tasks: frozenset[str] = frozenset()
     """Those of ``tasks`` the floor rule added."""
-    unpriced: bool = False
-    """Whether ``tasks`` are copies that need no price (`Speculate.at_once`)."""
+    unpriced: str = ""
+    """Why ``tasks`` need no price, for their commands (`Speculate.at_once`); empty: they were priced."""
     held: dict[str, HoldKind] = field(default_factory=dict)
     """Candidates left out, and why: ``price`` (not worth its machine time), ``budget`` (over the
     job's budget) or ``machines`` (no spare machine); a running task not here had no estimate."""
@@ -330,7 +330,7 @@ class Speculate(MitigationPolicy):
             if self.floor is not None and task_id in plan.floor_tasks:
                 reason = f"copy: ran {at - running.start:.0f}s, {self.floor.describe(job)}"
             elif plan.unpriced:
-                reason = f"copy: ran {at - running.start:.0f}s, {self._why_at_once(job)}"
+                reason = f"copy: ran {at - running.start:.0f}s, {plan.unpriced}"
             else:
                 reason = (
                     f"copy: job {plan.saving:.0f}s sooner (of {plan.completion:.0f}s) "
@@ -435,8 +435,8 @@ class Speculate(MitigationPolicy):
         (`finished_needed`), each running task at least `EARLY_CONFIDENCE` likely to straggle (the
         job's curve is too thin to price a copy by, and a copy of a straggler most likely ends
         first); after, each one `SURE` to straggle whose copy is expected to end first."""
-        known = len(job.finished) + len(job.running)
-        early = len(job.finished) < finished_needed(known)
+        needed = finished_needed(len(job.finished) + len(job.running))
+        early = len(job.finished) < needed
         confidence = EARLY_CONFIDENCE if early else SURE
         likely = sorted(
             (-r.probability, task_id)
@@ -452,14 +452,14 @@ class Speculate(MitigationPolicy):
             tasks = [t for t in tasks if _copy_ends_first(est, row[t]) > 0.5]
         if self.machines is not None:
             tasks = tasks[: max(self.machines - len(job.races), 0)]
-        return CopyPlan(tasks, math.nan, 0.0, math.nan, math.nan, unpriced=True) if tasks else NO_PLAN
-
-    def _why_at_once(self, job: _Job) -> str:
-        """The reason of a copy `at_once` made, for its command."""
-        needed = finished_needed(len(job.finished) + len(job.running))
-        if len(job.finished) < needed:
-            return f"a likely straggler before {needed} of the job's tasks finished"
-        return "a sure straggler, whose copy likely ends first"
+        if not tasks:
+            return NO_PLAN
+        why = (
+            f"a likely straggler before {needed} of the job's tasks finished"
+            if early
+            else "a sure straggler, whose copy likely ends first"
+        )
+        return CopyPlan(tasks, math.nan, 0.0, math.nan, math.nan, unpriced=why)
 
 
 def _p(running: _Running) -> str:
@@ -644,8 +644,7 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
     if completion <= 0 or work <= 0:
         return None
     candidates = np.array(
-        [i for i, t in enumerate(ids) if t not in job.copied and t not in job.races],
-        dtype=np.int64,
+        [i for i, t in enumerate(ids) if t not in job.copied and t not in job.races], dtype=np.int64
     )
     return _Estimates(
         ids,
