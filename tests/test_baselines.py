@@ -226,6 +226,9 @@ def test_reactive_flags_exactly_the_tasks_past_the_threshold() -> None:
     scores = BASELINES["reactive"]().fit(data).predict(data)
     np.testing.assert_array_equal(scores.is_straggler, [False, False, True, True])
     np.testing.assert_array_equal(scores.latency, elapsed)
+    # sure past the threshold; below it, elapsed time alone says nothing either way (no probability,
+    # never a "sure not a straggler" a policy would take at its word)
+    np.testing.assert_array_equal(scores.probability, [np.nan, np.nan, 1.0, 1.0])
 
 
 @pytest.mark.parametrize("name", ["tobit", "grabit"])

@@ -675,3 +675,26 @@ def test_a_sure_straggler_is_copied_at_once_where_its_copy_is_expected_to_end_fi
     assert "a sure straggler, whose copy likely ends first" in reason
     assert sure_copy(10.0, 0.99) == []
     assert sure_copy(119.0, 0.9999) == []
+
+
+def sure_normal_job(policy: Speculate, probability: float) -> list[str]:
+    """A job whose 95 tasks took 50-150 s; one task 200 s into its run (past 1.5 x the median, and
+    the job's every finish), said to pass 500 s with ``probability`` at both its verdicts: which
+    tasks are copied."""
+    finished_job(policy)
+    copied = []
+    for at in (190.0, 200.0):
+        decision = verdict("long", at, at, threshold=500.0, probability=probability)
+        copied += [a.task_id for a in policy.on_checkpoint("job", at, [decision]) if a.action == "duplicate"]
+    return copied
+
+
+@pytest.mark.parametrize("policy", [Speculate(checkpoint_interval=10.0), Speculate(8.0, floor=None)])
+def test_a_task_sure_not_to_straggle_is_copied_by_neither_the_price_nor_the_floor(policy: Speculate) -> None:
+    """Told twice that the task ends before 500 s with 0.9999, the policy leaves it be; told so with
+    0.99, it copies it (by its price, or by Spark's rule over the 1.5 x median); Spark's rule alone
+    reads no verdict and copies it either way."""
+    assert sure_normal_job(policy, 1e-4) == []
+    fresh = Speculate(checkpoint_interval=10.0, floor=policy.floor)
+    assert sure_normal_job(fresh, 1e-2) == ["long"]
+    assert sure_normal_job(Spark(SparkRule(1.5, 0.75)), 1e-4) == ["long"]

@@ -103,9 +103,10 @@ class Reactive(StragglerMethod):
         return self
 
     def predict(self, data: CheckpointData) -> Scores:
-        """Elapsed time as the latency; the straggle probability 0 or 1, by elapsed time alone."""
+        """Elapsed time as the latency; the straggle probability 1 past the threshold, and none below
+        it: elapsed time alone does not tell a task that will straggle from one that will not."""
         elapsed = np.asarray(data.elapsed_running, dtype=np.float64)
-        probability = (elapsed >= data.threshold).astype(np.float64)
+        probability = np.where(elapsed >= data.threshold, 1.0, np.nan)
         return Scores.from_latency(elapsed.copy(), elapsed.copy(), data.threshold, probability=probability)
 
 

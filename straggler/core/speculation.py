@@ -10,8 +10,9 @@ rule copies the prefix of candidates (ordered by the time a copy saves the task)
 ``saving / J - machine_price * extra / W``, under a per-job ``budget`` and optional ``machines``;
 Spark's rule (`SparkRule`) is its floor. Some copies need no price (`Speculate.at_once`): before a
 job has finished enough tasks to trust its curve, a likely straggler (`EARLY_CONFIDENCE`); after, a
-sure one (`SURE`) whose copy is expected to end first. `Spark` is Spark's rule alone,
-`MantriDuplicate` Mantri's duplicate test on the same estimates.
+sure one (`SURE`) whose copy is expected to end first; a task sure not to straggle is never copied
+(`_sure_normal`). `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's duplicate test on the
+same estimates.
 
 The rule's derivation: docs/architecture.md, "Policies and speculation".
 """
@@ -171,7 +172,8 @@ SURE = 0.999
 sure straggler is copied at once where its copy is expected to end first, and a task sure not to
 straggle stays bounded by the threshold where its times are scaled (`_estimate`). A method's
 probabilities are clipped to [1e-4, 1 - 1e-4] (`_weigh_verdict`), so only verdicts near-certain at
-every checkpoint reach it."""
+every checkpoint reach it; a task sure not to straggle is no candidate of the cost rule or the floor
+(`_sure_normal`)."""
 DEFAULT_MACHINE_PRICE = 8.0
 """The measured knee on the real and synthetic traces, with an earlier policy
 (`git show 96386f7:docs/results.md`, §9)."""
@@ -250,6 +252,8 @@ class Speculate(MitigationPolicy):
     floor_reads_inputs = True
     """Whether the floor copies only a task whose copy is expected to end first, where the job's
     inputs scale its times (`_input_scales`)."""
+    floor_reads_verdicts = True
+    """Whether the floor leaves out a task the predictor is sure does not straggle (`_sure_normal`)."""
 
     def _job(self, job_id: str) -> _Job:
         return self._jobs.setdefault(job_id, _Job())
@@ -379,6 +383,8 @@ class Speculate(MitigationPolicy):
             return plan
         chosen = set(plan.tasks)
         extra = [t for t in self.floor.due(job, at) if t not in chosen]
+        if self.floor_reads_verdicts:
+            extra = [t for t in extra if not _sure_normal(job, t)]
         reads_inputs = self.floor_reads_inputs and extra and job.inputs
         est = estimate() if reads_inputs else None
         if est is not None and est.scaled:  # a copy that reads the same input as a slow task is as slow
@@ -462,6 +468,13 @@ class Speculate(MitigationPolicy):
         return CopyPlan(tasks, math.nan, 0.0, math.nan, math.nan, unpriced=why)
 
 
+def _sure_normal(job: _Job, task_id: str) -> bool:
+    """Whether the predictor is `SURE` the running ``task_id`` does not straggle: neither the cost rule
+    nor the floor copies it. Every verdict since it passed the threshold says 1 (`OnlineJob`), so a
+    task that runs on past it soon stops being sure."""
+    return job.running[task_id].probability <= 1.0 - SURE
+
+
 def _p(running: _Running) -> str:
     """The probability a decision weighed, for its reason (none from a method that gives none)."""
     return "" if not running.verdicts else f" (p = {running.probability:.2f})"
@@ -495,6 +508,7 @@ class Spark(Speculate):
 
     unplanned: HoldKind = "rule"
     floor_reads_inputs = False  # Spark's rule as Spark runs it, blind to a task's input
+    floor_reads_verdicts = False  # and to any predictor
 
     def plan(self, job: _Job, at: float, estimate: Estimate) -> CopyPlan:
         return NO_PLAN
@@ -644,7 +658,12 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
     if completion <= 0 or work <= 0:
         return None
     candidates = np.array(
-        [i for i, t in enumerate(ids) if t not in job.copied and t not in job.races], dtype=np.int64
+        [
+            i
+            for i, t in enumerate(ids)
+            if t not in job.copied and t not in job.races and not _sure_normal(job, t)
+        ],
+        dtype=np.int64,
     )
     return _Estimates(
         ids,
