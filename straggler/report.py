@@ -104,6 +104,15 @@ def equal_cost_rows(
     return rows
 
 
+def completion_verdict(points: float) -> str:
+    """How a ``speculate`` point's completion-time reduction compares with Spark's rule's, ``points``
+    (percentage points) ahead: a difference that rounds to 0.00 is "the same", not a float's sign."""
+    shown = f"{points:+.2f}"
+    if shown in ("+0.00", "-0.00"):
+        return "the same (+0.00 points)"
+    return f"{'shorter' if points > 0 else 'not shorter'} ({shown} points)"
+
+
 def frontier_table(summary: dict[str, Any]) -> str | None:
     """`equal_cost_rows` as Markdown (None: the summary has no ``speculate`` and Spark points to compare)."""
     rows = equal_cost_rows(summary)
@@ -119,8 +128,7 @@ def frontier_table(summary: dict[str, Any]) -> str | None:
         if policy is None:
             lines.append(left + "| none as cheap | – | – | – |")
             continue
-        diff = m["jct_reduction"] - s["jct_reduction"]
-        verdict = f"{'shorter' if diff > 0 else 'not shorter'} ({100 * diff:+.2f} points)"
+        verdict = completion_verdict(100 * (m["jct_reduction"] - s["jct_reduction"]))
         lines.append(left + f"| {policy} | {m['jct_reduction']:+.2%} | {_gross(m):+.2%} | {verdict} |")
     return "\n".join(lines)
 

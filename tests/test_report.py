@@ -323,6 +323,20 @@ def test_each_point_of_sparks_rule_meets_the_best_speculate_at_equal_or_lower_ma
     assert report.frontier_table(handmade_summary()) is None  # no point of Spark's rule to compare
 
 
+@pytest.mark.parametrize(
+    ("points", "verdict"),
+    [
+        (2.0, "shorter (+2.00 points)"),
+        (-0.57, "not shorter (-0.57 points)"),
+        (1e-13, "the same (+0.00 points)"),  # two means of the same jobs' figures, summed apart
+        (-0.004, "the same (+0.00 points)"),
+        (0.005, "shorter (+0.01 points)"),
+    ],
+)
+def test_a_completion_time_difference_too_small_to_show_is_the_same(points: float, verdict: str) -> None:
+    assert report.completion_verdict(points) == verdict
+
+
 def test_the_frontier_plot_draws_a_curve_per_family_sorted_by_machine_time(
     tmp_path: Path, figures: list[Figure]
 ) -> None:
