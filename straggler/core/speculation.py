@@ -205,8 +205,9 @@ class Speculate(MitigationPolicy):
         normal runs is ever more likely one of them, so its expected remaining time grows with its
         elapsed time instead of staying that of a fresh task (`LatencySurvival.stuck_probability`).
     floor
-        A rule whose copies are always made (within ``machines``, outside the budget): by default
-        Spark's, so the policy never copies a hung task later than Spark's speculation would.
+        A rule whose copies are always made (within ``machines``, outside the budget), but of a task
+        the predictor is sure does not straggle (`_sure_normal`): by default Spark's, so the policy
+        never copies a hung task later than Spark's speculation would.
     """
 
     def __init__(
