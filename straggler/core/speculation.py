@@ -24,10 +24,11 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
-from straggler.core.arrays import FloatArray, IntArray
+from straggler.core.arrays import BoolArray, FloatArray, IntArray
 from straggler.core.online import Decision, finished_needed
 from straggler.core.policies import Action, Hold, HoldKind, MitigationPolicy
 from straggler.core.survival import LatencySurvival
@@ -385,7 +386,7 @@ class Speculate(MitigationPolicy):
         chosen = set(plan.tasks)
         extra = [t for t in self.floor.due(job, at) if t not in chosen]
         if self.floor_reads_verdicts:
-            extra = [t for t in extra if not _sure_normal(job, t)]
+            extra = [t for t in extra if not _sure_normal(job.running[t].probability)]
         reads_inputs = self.floor_reads_inputs and extra and job.inputs
         est = estimate() if reads_inputs else None
         if est is not None and est.scaled:  # a copy that reads the same input as a slow task is as slow
@@ -469,11 +470,16 @@ class Speculate(MitigationPolicy):
         return CopyPlan(tasks, math.nan, 0.0, math.nan, math.nan, unpriced=why)
 
 
-def _sure_normal(job: _Job, task_id: str) -> bool:
-    """Whether the predictor is `SURE` the running ``task_id`` does not straggle: neither the cost rule
-    nor the floor copies it. Every verdict since it passed the threshold says 1 (`OnlineJob`), so a
-    task that runs on past it soon stops being sure."""
-    return job.running[task_id].probability <= 1.0 - SURE
+@overload
+def _sure_normal(probability: float) -> bool: ...
+@overload
+def _sure_normal(probability: FloatArray) -> BoolArray: ...
+def _sure_normal(probability: float | FloatArray) -> bool | BoolArray:
+    """Whether a running task's straggle probability (or each of an array's) makes the predictor
+    `SURE` it does not straggle: neither the cost rule nor the floor copies it. Every verdict since
+    a task passed the threshold says 1 (`OnlineJob`), so a task that runs on past it soon stops being
+    sure; NaN (no verdict) is never sure."""
+    return probability <= 1.0 - SURE
 
 
 def _p(running: _Running) -> str:
@@ -579,7 +585,7 @@ class _Estimates:
     completion: float
     work: float
     candidates: IntArray
-    """Rows of tasks that may be copied (never copied before)."""
+    """Rows of tasks that may be copied (never copied before, and not sure not to straggle)."""
     scaled: bool = False
     """Whether times are read on each task's own scale (`_input_scales`, `_machine_factors`)."""
 
@@ -607,6 +613,7 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
     at_least = np.array([job.running[t].at_least for t in ids], dtype=np.float64)
     probability = np.array([job.running[t].probability for t in ids], dtype=np.float64)
     threshold = np.array([job.running[t].threshold for t in ids], dtype=np.float64)
+    sure_normal = _sure_normal(probability)
     finished = np.fromiter(job.finished.values(), dtype=np.float64)
     inputs = _input_scales(job, ids)
     finished_scale, scale = inputs if inputs is not None else (np.ones(len(finished)), np.ones(len(ids)))
@@ -631,7 +638,6 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
         # long) is not a probability of hanging, so it is left out there; the elapsed time still is.
         # A sure "ends before it" (`SURE`) still bounds the task, wherever the threshold lies.
         task_threshold = threshold / scale
-        sure_normal = probability <= 1.0 - SURE
         task_threshold = np.where(
             (task_threshold <= survival.last_time) | sure_normal, task_threshold, np.nan
         )
@@ -659,11 +665,7 @@ def _estimate(job: _Job, at: float, grid_points: int, stuck_prior: float) -> _Es
     if completion <= 0 or work <= 0:
         return None
     candidates = np.array(
-        [
-            i
-            for i, t in enumerate(ids)
-            if t not in job.copied and t not in job.races and not _sure_normal(job, t)
-        ],
+        [i for i, t in enumerate(ids) if t not in job.copied and t not in job.races and not sure_normal[i]],
         dtype=np.int64,
     )
     return _Estimates(
