@@ -152,7 +152,7 @@ def plot_frontier(summary: dict[str, Any], path: Path) -> bool:
         if not points:
             continue
         x, y, _ = zip(*points, strict=True)
-        style = "--s" if family == "spark" else "-o" if family == "speculate" else "-.^"
+        style = {"spark": "--s", "speculate": "-o"}.get(family, ":v" if family.endswith("/gross") else "-.^")
         ax.plot(100 * np.array(x), 100 * np.array(y), style, color=colours[name], label=f"{name} / {family}")
         for xi, yi, label in points:
             ax.annotate(label, (100 * xi, 100 * yi), fontsize=6)
@@ -160,7 +160,9 @@ def plot_frontier(summary: dict[str, Any], path: Path) -> bool:
     if limit_row is not None:
         ax.scatter(100 * _gross(limit_row), 100 * limit_row["jct_reduction"], color="black", marker="*")
         ax.axhline(100 * limit_row["jct_reduction"], color="black", linestyle=":", label="limit")
-    ax.set_xlabel("extra machine time, gross (% of the jobs' work)")
+    ax.set_xscale("symlog", linthresh=0.1)  # the comparisons that matter sit at a few tenths of a percent
+    ax.set_xlim(left=0.0)
+    ax.set_xlabel("extra machine time, gross (% of the jobs' work; logarithmic past 0.1)")
     ax.set_ylabel("completion-time reduction (%)")
     ax.set_title(
         f"Frontier: speculate at its prices, Spark's rule at its multipliers ({summary['jobs']} jobs)"

@@ -282,7 +282,8 @@ def test_written_pngs_show_each_methods_colour(tmp_path: Path) -> None:
 
 
 def frontier_summary() -> dict[str, Any]:
-    """One method at two prices and over Spark 4.0's floor, and Spark's rule at three multipliers."""
+    """One method at two prices, over Spark 4.0's floor and priced gross with none, and Spark's rule
+    at four multipliers."""
     summary = handmade_summary()
 
     def point(jct: float, gross: float) -> dict[str, float]:
@@ -293,6 +294,8 @@ def frontier_summary() -> dict[str, Any]:
             "speculate@4": point(0.10, 0.08),
             "speculate": point(0.08, 0.05),
             "speculate@32/spark": point(0.05, 0.01),
+            "speculate@64/none/gross": point(0.04, 0.005),
+            "spark@5": point(0.02, 0.006),
             "spark": point(0.03, 0.012),
             "spark@1.5": point(0.09, 0.06),
             "spark-legacy": point(0.11, 0.07),
@@ -308,6 +311,7 @@ def test_each_point_of_sparks_rule_meets_the_best_speculate_at_equal_or_lower_ma
         "speculate@32/spark",
         pytest.approx(frontier_summary()["mitigation"]["alpha"]["speculate@32/spark"]),
     )
+    assert rows["spark@5"][0] == "speculate@64/none/gross"  # a gross price is a point of the same curve
     assert rows["spark@1.5"][0] == "speculate"  # 8 % beats 5 %; speculate@4 costs more than 6 %
     assert rows["spark-legacy"][0] == "speculate"
     table = report.frontier_table(frontier_summary())
@@ -345,6 +349,9 @@ def test_the_frontier_plot_draws_a_curve_per_family_sorted_by_machine_time(
     curves = {str(line.get_label()): line for line in ax.get_lines()}
     np.testing.assert_allclose(xs(curves["alpha / speculate"]), [5.0, 8.0])
     np.testing.assert_allclose(ys(curves["alpha / speculate"]), [8.0, 10.0])
-    np.testing.assert_allclose(xs(curves["alpha / spark"]), [1.2, 6.0, 7.0])
+    np.testing.assert_allclose(xs(curves["alpha / spark"]), [0.6, 1.2, 6.0, 7.0])
     np.testing.assert_allclose(ys(curves["alpha / speculate/spark"]), [5.0])
+    np.testing.assert_allclose(ys(curves["alpha / speculate/none/gross"]), [4.0])
+    assert curves["alpha / speculate/none/gross"].get_marker() == "v"  # gross prices drawn apart
+    assert ax.get_xscale() == "symlog"  # the cheap points, where Spark 4.0 sits, spread out
     assert not report.plot_frontier(handmade_summary(), tmp_path / "none.png")

@@ -21,6 +21,8 @@ from straggler.core.speculation import (
     _Job,
     _machine_factors,
     _Running,
+    gross_machine_time,
+    net_machine_time,
 )
 from straggler.core.survival import LatencySurvival
 
@@ -157,6 +159,11 @@ def test_a_machine_price_is_spelled_after_at() -> None:
         ("relaunch@4", "only speculate takes a machine price"),
         ("spark/none", "only speculate takes a floor"),
         ("speculate@4/spark-4", "FLOOR one of spark, spark-legacy, none"),
+        ("speculate/gross/none", "[/FLOOR][/gross]"),
+        ("speculate/none/none", "[/FLOOR][/gross]"),
+        ("speculate//gross", "[/FLOOR][/gross]"),
+        ("speculate/", "[/FLOOR][/gross]"),
+        ("spark/gross", "only speculate takes a floor or a gross price"),
         ("speculate:x@4", "integer M"),
     ],
 )
@@ -312,6 +319,43 @@ def test_the_hung_task_is_copied_by_sparks_rule_and_no_later_by_the_default_poli
     assert spark_4 is not None and 3 * median < spark_4 <= 3 * median + 5.0  # the next checkpoint past 3 x
     assert default is not None and default <= legacy
     assert memoryless is None  # the exponential tail alone never copies it
+
+
+def outrun_job(policy: Speculate, at: float) -> list[str]:
+    """A job of 95 tasks that took 50-150 s and one that has run ``at`` seconds with no verdict of its
+    own: which of them ``policy`` copies at ``at``."""
+    finished_job(policy)
+    decision = verdict("long", at, at, threshold=140.0)
+    return [a.task_id for a in policy.on_checkpoint("job", at, [decision]) if a.action == "duplicate"]
+
+
+def test_a_gross_price_charges_a_copy_the_net_price_expects_to_pay_for_itself() -> None:
+    """A task at ten times its peers' latencies likely hangs, so a winning copy kills an original that
+    would run on: priced net, it costs nothing and is made at any price; priced gross, its machine
+    time is charged, and only a price low enough for the job's saving buys it."""
+    net = Speculate(1e6, checkpoint_interval=10.0, floor=None)
+    gross = Speculate(1e6, checkpoint_interval=10.0, floor=None, machine_time=gross_machine_time)
+    cheap_gross = Speculate(1.0, checkpoint_interval=10.0, floor=None, machine_time=gross_machine_time)
+    assert outrun_job(net, 1500.0) == ["long"]
+    assert outrun_job(gross, 1500.0) == []
+    assert outrun_job(cheap_gross, 1500.0) == ["long"]
+    assert (net.name, gross.name) == ("speculate@1e+06/none", "speculate@1e+06/none/gross")
+
+
+@pytest.mark.parametrize(
+    ("spec", "floor"),
+    [
+        ("speculate@64/none/gross", None),
+        ("speculate@64/spark/gross", SparkRule(3.0, 0.9)),
+        ("speculate:2@64/gross", SparkRule(1.5, 0.75)),
+    ],
+)
+def test_a_gross_price_is_spelled_last_and_named(spec: str, floor: SparkRule | None) -> None:
+    policy = make_policy(spec)
+    assert isinstance(policy, Speculate) and policy.name == spec and policy.floor == floor
+    assert policy.machine_time is gross_machine_time
+    net = make_policy(spec.removesuffix("/gross"))
+    assert isinstance(net, Speculate) and net.machine_time is net_machine_time
 
 
 @pytest.mark.parametrize(

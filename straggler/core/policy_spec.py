@@ -8,6 +8,9 @@
 ``speculate.../F`` the same over floor F instead of ``spark-legacy``: ``spark`` (Spark 4.0's rule) or
                   ``none`` (``speculate@64/spark``, say), to compare it with Spark 4.0's rule at its
                   machine time;
+``speculate.../gross`` (last) the same pricing a copy at its gross machine time, with no credit for
+                  the original its win kills (`straggler.core.speculation.gross_machine_time`):
+                  ``speculate@64/none/gross``;
 ``spark``         Spark's speculative execution at Spark 4.0's defaults: a copy of a task running
                   over 3x the median finished latency once 90 % of the tasks finished;
 ``spark-legacy``  the same at the defaults before Spark 4.0 (1.5x once 75 % finished), the floor
@@ -33,29 +36,35 @@ from straggler.core.speculation import (
     Spark,
     SparkRule,
     Speculate,
+    gross_machine_time,
 )
 
 FLOORS: dict[str, SparkRule | None] = {"spark": SPARK_4, "spark-legacy": SPARK_LEGACY, "none": None}
 """The floors ``speculate[...]/FLOOR`` names: Spark's rule at Spark 4.0's or the older defaults, or none."""
 DEFAULT_POLICY = "speculate"
 POLICY_SPECS = (
-    "speculate[:M][@PRICE][/FLOOR], spark[@MULTIPLIER], spark-legacy[@MULTIPLIER], relaunch (or unlimited), "
-    "limited:M, mantri or mantri-duplicate[:M]"
+    "speculate[:M][@PRICE][/FLOOR][/gross], spark[@MULTIPLIER], spark-legacy[@MULTIPLIER], "
+    "relaunch (or unlimited), limited:M, mantri or mantri-duplicate[:M]"
 )
 
 
 def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
     """The policy named by ``spec`` (see the module docstring)."""
-    spec_floor, slashed, floor_name = spec.partition("/")
+    priced_part, slashed, after = spec.partition("/")
     if slashed:
-        if not spec_floor.startswith("speculate") or floor_name not in FLOORS:
+        options = after.split("/")
+        gross = options[-1] == "gross"
+        floors = options[:-1] if gross else options
+        if not priced_part.startswith("speculate") or len(floors) > 1 or not set(floors) <= FLOORS.keys():
             raise ValueError(
-                f"policy {spec!r}: only speculate takes a floor, as speculate[:M][@PRICE]/FLOOR with FLOOR "
-                f"one of {', '.join(FLOORS)}"
+                f"policy {spec!r}: only speculate takes a floor or a gross price, as "
+                f"speculate[:M][@PRICE][/FLOOR][/gross] with FLOOR one of {', '.join(FLOORS)}"
             )
-        policy = make_policy(spec_floor, checkpoint_interval)
+        policy = make_policy(priced_part, checkpoint_interval)
         assert isinstance(policy, Speculate)
-        policy.set_floor(FLOORS[floor_name])
+        if gross:
+            policy.machine_time = gross_machine_time
+        policy.set_floor(FLOORS[floors[0]] if floors else SPARK_LEGACY)
         return policy
     base, priced, price_text = spec.partition("@")
     name, counted, count = base.partition(":")

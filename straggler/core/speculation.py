@@ -179,6 +179,23 @@ DEFAULT_MACHINE_PRICE = 8.0
 """The measured knee on the real and synthetic traces, with an earlier policy
 (`git show 96386f7:docs/results.md`, §9)."""
 
+MachineTime = Callable[[FloatArray, FloatArray], FloatArray]
+"""What `Speculate` prices a copy at, from its expected running time until the race ends and the
+expected machine time its win saves the original (each per candidate, seconds)."""
+
+
+def net_machine_time(copy_time: FloatArray, saved: FloatArray) -> FloatArray:
+    """The copy's machine time less what its win saves the original: the default. A task that looks
+    hung costs nothing to copy, since a winning copy kills an original that would run on."""
+    return copy_time - saved
+
+
+def gross_machine_time(copy_time: FloatArray, saved: FloatArray) -> FloatArray:
+    """The copy's machine time alone (``speculate.../gross``): no credit for an original it is
+    expected to kill, so every copy has a price, as the reports count gross machine time. Where a
+    task only looks hung and ends first, the net price's credit was never there."""
+    return copy_time
+
 
 class Speculate(MitigationPolicy):
     """Speculative copies chosen by expected completion-time saving against extra machine time.
@@ -209,6 +226,10 @@ class Speculate(MitigationPolicy):
         A rule whose copies are always made (within ``machines``, outside the budget), but of a task
         the predictor is sure does not straggle (`_sure_normal`): by default Spark's, so the policy
         never copies a hung task later than Spark's speculation would.
+    machine_time
+        What a copy is priced at: `net_machine_time` (the default) or `gross_machine_time`, which
+        makes the cheapest points of the price sweep far cheaper (docs/results.md, "At equal machine
+        time").
     """
 
     def __init__(
@@ -220,6 +241,7 @@ class Speculate(MitigationPolicy):
         grid_points: int = 256,
         stuck_prior: float = 0.001,
         floor: SparkRule | None = SPARK_LEGACY,
+        machine_time: MachineTime = net_machine_time,
     ) -> None:
         if not 0 < machine_price < math.inf:
             raise ValueError(f"machine_price must be a positive number, got {machine_price}")
@@ -238,16 +260,25 @@ class Speculate(MitigationPolicy):
             raise ValueError(f"stuck_prior must be in [0, 1), got {stuck_prior}")
         self.stuck_prior = stuck_prior
         self.floor = floor
-        self.name = "speculate" if machines is None else f"speculate:{machines}"
-        if machine_price != DEFAULT_MACHINE_PRICE:
-            self.name += f"@{machine_price:g}"
+        self.machine_time = machine_time
+        self.name = self._spec()
         self._jobs: dict[str, _Job] = {}
+
+    def _spec(self) -> str:
+        """The policy's name, as `straggler.core.policy_spec` spells it."""
+        name = "speculate" if self.machines is None else f"speculate:{self.machines}"
+        if self.machine_price != DEFAULT_MACHINE_PRICE:
+            name += f"@{self.machine_price:g}"
+        if self.floor != SPARK_LEGACY:
+            name += "/none" if self.floor is None else "/spark" if self.floor == SPARK_4 else "/spark-rule"
+        if self.machine_time is gross_machine_time:
+            name += "/gross"
+        return name
 
     def set_floor(self, floor: SparkRule | None) -> None:
         """Use ``floor`` (None: none) instead of the default, named in the policy's name."""
         self.floor = floor
-        if floor != SPARK_LEGACY:
-            self.name += "/none" if floor is None else "/spark" if floor == SPARK_4 else "/spark-rule"
+        self.name = self._spec()
 
     unplanned: HoldKind = "no_estimate"
     """Why a flagged task the plan did not weigh gets no copy (`holds`)."""
@@ -411,7 +442,7 @@ class Speculate(MitigationPolicy):
         fresh = est.fresh_rows(est.candidates)
         gain = np.sum(tail * fresh, axis=1) * est.step  # E[(R - C)+]: what a copy saves the task
         copy_time = np.sum(tail * (1.0 - fresh), axis=1) * est.step  # E[min(R, C)]
-        extra = copy_time - gain + 0.5 * min(self.checkpoint_interval, job.spacing)
+        extra = self.machine_time(copy_time, gain) + 0.5 * min(self.checkpoint_interval, job.spacing)
         order = np.argsort(-gain, kind="stable")
         held: dict[str, HoldKind] = {}
         if self.machines is not None:
