@@ -32,11 +32,13 @@ from straggler.core.speculation import (
     DEFAULT_MACHINE_PRICE,
     SPARK_4,
     SPARK_LEGACY,
+    MachineTime,
     MantriDuplicate,
     Spark,
     SparkRule,
     Speculate,
     gross_machine_time,
+    net_machine_time,
 )
 
 FLOORS: dict[str, SparkRule | None] = {"spark": SPARK_4, "spark-legacy": SPARK_LEGACY, "none": None}
@@ -51,22 +53,10 @@ POLICY_SPECS = (
 def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
     """The policy named by ``spec`` (see the module docstring)."""
     priced_part, slashed, after = spec.partition("/")
-    if slashed:
-        options = after.split("/")
-        gross = options[-1] == "gross"
-        floors = options[:-1] if gross else options
-        if not priced_part.startswith("speculate") or len(floors) > 1 or not set(floors) <= FLOORS.keys():
-            raise ValueError(
-                f"policy {spec!r}: only speculate takes a floor or a gross price, as "
-                f"speculate[:M][@PRICE][/FLOOR][/gross] with FLOOR one of {', '.join(FLOORS)}"
-            )
-        policy = make_policy(priced_part, checkpoint_interval)
-        assert isinstance(policy, Speculate)
-        if gross:
-            policy.machine_time = gross_machine_time
-        policy.set_floor(FLOORS[floors[0]] if floors else SPARK_LEGACY)
-        return policy
-    base, priced, price_text = spec.partition("@")
+    floor, machine_time = (
+        _speculate_options(spec, priced_part, after) if slashed else (SPARK_LEGACY, net_machine_time)
+    )
+    base, priced, price_text = priced_part.partition("@")
     name, counted, count = base.partition(":")
     if priced and name in ("spark", "spark-legacy") and not counted:
         rule = SPARK_4 if name == "spark" else SPARK_LEGACY
@@ -85,7 +75,13 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
     if name == "speculate":
         price = _price(spec, price_text) if priced else DEFAULT_MACHINE_PRICE
         try:
-            return Speculate(price, machines=machines, checkpoint_interval=checkpoint_interval)
+            return Speculate(
+                price,
+                machines=machines,
+                checkpoint_interval=checkpoint_interval,
+                floor=floor,
+                machine_time=machine_time,
+            )
         except ValueError as error:
             raise ValueError(f"policy {spec!r}: {error}") from None
     if name == "mantri-duplicate":
@@ -101,6 +97,19 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
     if name == "spark-legacy":
         return Spark(SPARK_LEGACY)
     raise ValueError(f"unknown policy {spec!r}; use {POLICY_SPECS}")
+
+
+def _speculate_options(spec: str, priced_part: str, after: str) -> tuple[SparkRule | None, MachineTime]:
+    """The floor and the pricing named after ``speculate[:M][@PRICE]/``: ``FLOOR``, ``gross`` or both."""
+    options = after.split("/")
+    gross = options[-1] == "gross"
+    floors = options[:-1] if gross else options
+    if not priced_part.startswith("speculate") or len(floors) > 1 or not set(floors) <= FLOORS.keys():
+        raise ValueError(
+            f"policy {spec!r}: only speculate takes a floor or a gross price, as "
+            f"speculate[:M][@PRICE][/FLOOR][/gross] with FLOOR one of {', '.join(FLOORS)}"
+        )
+    return FLOORS[floors[0]] if floors else SPARK_LEGACY, gross_machine_time if gross else net_machine_time
 
 
 def _machines(spec: str, name: str, count: str) -> int:

@@ -275,11 +275,6 @@ class Speculate(MitigationPolicy):
             name += "/gross"
         return name
 
-    def set_floor(self, floor: SparkRule | None) -> None:
-        """Use ``floor`` (None: none) instead of the default, named in the policy's name."""
-        self.floor = floor
-        self.name = self._spec()
-
     unplanned: HoldKind = "no_estimate"
     """Why a flagged task the plan did not weigh gets no copy (`holds`)."""
     floor_reads_inputs = True
