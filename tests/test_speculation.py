@@ -165,6 +165,8 @@ def test_a_machine_price_is_spelled_after_at() -> None:
         ("speculate/", "[/FLOOR][/gross]"),
         ("spark/gross", "only speculate takes a floor or a gross price"),
         ("speculate:x@4", "integer M"),
+        ("speculate@cheap/none", "a number after '@'"),
+        ("speculate:x/gross", "integer M"),
     ],
 )
 def test_a_meaningless_machine_price_is_refused_naming_the_spec(spec: str, message: str) -> None:
