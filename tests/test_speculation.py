@@ -9,11 +9,12 @@ import math
 import numpy as np
 import pytest
 
+from straggler.core.arrays import FloatArray
 from straggler.core.online import Decision
 from straggler.core.policy_spec import make_policy
 from straggler.core.speculation import (
-    MACHINE_SPREAD,
     MIN_PEERS,
+    SLOW_MACHINE,
     MantriDuplicate,
     Spark,
     SparkRule,
@@ -580,11 +581,14 @@ def test_a_probability_of_a_latency_only_a_hang_reaches_on_the_tasks_scale_does_
 # ---------------------------------------------------------------- a task's machine (LATE's slow node)
 
 
-def machine_job(policy: Speculate, *, machines: bool = True, slow_finishes: int = 2) -> None:
-    """A job whose 40 tasks took 10 s on machines m0-m9, and ``slow_finishes`` 40 s on machine "slow"."""
+def machine_job(
+    policy: Speculate, *, machines: bool = True, slow_finishes: int = 2, slow_seconds: float = 40.0
+) -> None:
+    """A job whose 40 tasks took 10 s on machines m0-m9, and ``slow_finishes`` took ``slow_seconds``
+    on machine "slow"."""
     rng = np.random.default_rng(5)
     finishes = [(f"m{i % 10}", 10.0 * rng.uniform(0.95, 1.05)) for i in range(40)]
-    finishes += [("slow", 40.0 * rng.uniform(0.95, 1.05)) for _ in range(slow_finishes)]
+    finishes += [("slow", slow_seconds * rng.uniform(0.95, 1.05)) for _ in range(slow_finishes)]
     for i, (machine, latency) in enumerate(finishes):
         if machines:
             policy.on_task_machine("job", f"done-{i}", 0, machine)
@@ -634,24 +638,64 @@ def test_a_machine_is_judged_only_against_enough_tasks_finished_elsewhere() -> N
     assert MIN_PEERS == 3
 
 
-def test_machine_factors_are_shrunk_by_the_jobs_own_spread_of_latencies() -> None:
-    """Log factor = the machine's mean excess over the median elsewhere, over (n + spread^2 /
-    MACHINE_SPREAD^2): a job whose latencies vary little learns a machine's speed from one finish."""
+def machine_state(finishes: list[tuple[str, float]], running_on: str) -> tuple[_Job, FloatArray]:
+    """A job whose tasks finished as ``finishes`` (machine, latency), one task running on ``running_on``."""
     job = _Job()
-    finishes = [("a", 1.0), ("a", 2.0), ("b", 1.0), ("b", 2.0), ("c", 1.5), ("slow", 6.0)]
     for i, (machine, latency) in enumerate(finishes):
         job.machines[(f"t{i}", 0)] = machine
         job.finished[f"t{i}"] = latency
     job.running["next"] = _Running(0.0, 0, 0.0)
-    job.machines[("next", 0)] = "slow"
-    latencies = np.fromiter(job.finished.values(), dtype=float)
-    logs = np.log(latencies)
-    prior = (1.4826 * np.median(np.abs(logs - np.median(logs))) / MACHINE_SPREAD) ** 2
+    job.machines[("next", 0)] = running_on
+    return job, np.fromiter(job.finished.values(), dtype=float)
+
+
+def test_machine_factors_are_shrunk_by_the_spread_within_machines_over_that_between_them() -> None:
+    """Log factor = the machine's summed excess over the median elsewhere, over (n + within / between),
+    the two variances of a one-way random-effects model of the job's log latencies by machine (method
+    of moments), computed here by hand."""
+    finishes = [("a", 1.0), ("a", 2.0), ("b", 1.0), ("b", 2.0), ("c", 1.5), ("slow", 6.0), ("slow", 7.0)]
+    job, latencies = machine_state(finishes, "slow")
+    groups = [np.log([1.0, 2.0]), np.log([1.0, 2.0]), np.log([1.5]), np.log([6.0, 7.0])]
+    n, k = 7, 4
+    within = sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / (n - k)
+    grand = float(np.mean(np.concatenate(groups)))
+    between = sum(len(g) * (g.mean() - grand) ** 2 for g in groups) / (k - 1)
+    typical = (n - sum(len(g) ** 2 for g in groups) / n) / (k - 1)
+    prior = within / ((between - within) / typical)
+    excess = math.log(6.0 / 1.5) + math.log(7.0 / 1.5)
     running = _machine_factors(job, ["next"], latencies)
-    assert running == pytest.approx([math.exp(math.log(6.0 / 1.5) / (1 + prior))])
-    assert 0 < prior < 1
+    assert running == pytest.approx([math.exp(excess / (2 + prior))])
+    assert 0 < prior < 1 and running is not None and running[0] >= SLOW_MACHINE
     job.machines[("next", 0)] = "never-seen"  # nothing finished there: nothing to say
     assert _machine_factors(job, ["next"], latencies) is None
+
+
+def test_no_machine_speed_is_read_where_machines_differ_no_more_than_a_machines_own_tasks() -> None:
+    """Each machine's two tasks took 1 s and 8 s, the slow-looking one's 8 s and 9 s: its tasks vary as
+    much as machines do, and one finish cannot tell a slow machine from a long task."""
+    varied = [(m, s) for m in "abc" for s in (1.0, 8.0)] + [("slow", 8.0), ("slow", 9.0)]
+    job, latencies = machine_state(varied, "slow")
+    assert _machine_factors(job, ["next"], latencies) is None
+    alone = [(f"m{i}", latency) for i, latency in enumerate([1.0, 1.1, 1.2, 0.9, 4.0])]
+    job, latencies = machine_state(alone, "m4")  # every task on its own machine: nothing to tell apart
+    assert _machine_factors(job, ["next"], latencies) is None
+    job, latencies = machine_state([*alone, ("m4", 4.2)], "m4")
+    assert _machine_factors(job, ["next"], latencies) == pytest.approx([4.1 / 1.05], rel=0.05)
+
+
+def test_a_machine_a_little_slower_than_usual_is_read_as_usual() -> None:
+    """Its two finishes took 15 s where the job's take 10 s: within `SLOW_MACHINE`, its next task is
+    read on the job's curve as any other, and 5 s into its run it is not copied; at 40 s it is."""
+    for slow_seconds, expected in ((15.0, []), (40.0, ["on-slow"])):
+        policy = Speculate(checkpoint_interval=5.0, floor=None)
+        machine_job(policy, slow_seconds=slow_seconds)
+        assert copied_on_machines(policy, {"on-slow": (5.0, "slow")}, machines=True) == expected
+    usual = [(f"m{i % 10}", 10.0 + 0.1 * (i % 3)) for i in range(40)]
+    job, latencies = machine_state([*usual, ("slow", 15.0), ("slow", 15.5)], "slow")
+    assert _machine_factors(job, ["next"], latencies) is None
+    job, latencies = machine_state([*usual, ("slow", 24.0), ("slow", 24.5)], "slow")
+    assert _machine_factors(job, ["next"], latencies) == pytest.approx([2.4], rel=0.03)
+    assert SLOW_MACHINE == 2.0
 
 
 def test_an_original_its_copy_finished_before_tells_how_slow_its_machine_is() -> None:
