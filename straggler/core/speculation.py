@@ -778,7 +778,6 @@ def _machine_factors(job: _Job, ids: Sequence[str], latencies: FloatArray) -> Fl
             if machine in wanted:
                 here_rows.setdefault(machine, []).append(row)
     # an original a copy finished before ran at least this long (on its input scale) where it ran
-    outrun: dict[str, list[float]] = {}
     if job.outrun:
         scale_of = dict(
             zip(job.finished, np.fromiter(job.finished.values(), dtype=np.float64) / latencies, strict=True)
@@ -786,22 +785,21 @@ def _machine_factors(job: _Job, ids: Sequence[str], latencies: FloatArray) -> Fl
         for task_id, attempt, ran in job.outrun:
             machine = job.machines.get((task_id, attempt), "")
             if machine and task_id in scale_of:
-                logged = math.log(max(ran / max(float(scale_of[task_id]), TINY), TINY))
-                runs.setdefault(machine, []).append(logged)
-                if machine in wanted:
-                    outrun.setdefault(machine, []).append(logged)
-    if not here_rows and not outrun:
+                runs.setdefault(machine, []).append(
+                    math.log(max(ran / max(float(scale_of[task_id]), TINY), TINY))
+                )
+    judged = wanted & runs.keys()
+    if not judged:
         return None
     prior = _machine_prior(list(runs.values()))
     if prior is None:
         return None
     factor: dict[str, float] = {}
-    for machine in here_rows.keys() | outrun.keys():
-        rows = here_rows.get(machine, [])
-        elsewhere = np.delete(log_latency, rows)
+    for machine in judged:
+        elsewhere = np.delete(log_latency, here_rows.get(machine, []))
         if len(elsewhere) < MIN_PEERS:
             continue
-        here = np.r_[log_latency[rows], outrun.get(machine, [])]
+        here = np.asarray(runs[machine])  # its finishes, then its outrun attempts
         excess = float(np.sum(here - np.median(elsewhere)))
         factor[machine] = math.exp(excess / (len(here) + prior))
     running = np.array([factor.get(machine, 1.0) for machine in running_where], dtype=np.float64)
