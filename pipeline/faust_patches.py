@@ -148,14 +148,24 @@ def stalled_partitions(
     }
 
 
+def _stalled(recovery: Any, now: float, limit: float) -> dict[Any, tuple[int, int]]:
+    """`stalled_partitions` of Faust's ``recovery`` at ``now``; empty unless it is recovering and not
+    restarting already."""
+    if not recovery.in_recovery or recovery.signal_recovery_start.is_set():
+        return {}
+    heard = [recovery._recovery_started_at or 0.0, *recovery._active_events_received_at.values()]
+    return stalled_partitions(recovery.active_offsets, recovery.active_highwaters, max(heard), now, limit)
+
+
 async def restart_if_stalled(recovery: Any, consumer: Any, limit: float, now: float) -> bool:
     """Restart Faust's table ``recovery`` (its ``signal_recovery_start``) if it has read nothing for
     ``limit`` seconds at monotonic ``now`` with partitions still behind, logging where each stands
-    (``consumer``'s fetch position among it); return whether it did."""
-    if not recovery.in_recovery or recovery.signal_recovery_start.is_set():
-        return False
-    heard = [recovery._recovery_started_at or 0.0, *recovery._active_events_received_at.values()]
-    behind = stalled_partitions(recovery.active_offsets, recovery.active_highwaters, max(heard), now, limit)
+    (``consumer``'s fetch position among it); return whether it did.
+
+    The recovery may read, or end, while the consumer's thread answers for the positions: it is
+    checked again after them, with nothing awaited between that check and the restart. A restart
+    signalled after the recovery ended would start another over the tables of a worker that runs."""
+    behind = _stalled(recovery, now, limit)
     if not behind:
         return False
     where = []
@@ -165,6 +175,8 @@ async def restart_if_stalled(recovery: Any, consumer: Any, limit: float, now: fl
         except Exception:  # the consumer's thread does not answer: say so, restart anyway
             position = "?"
         where.append(f"{tp.topic}[{tp.partition}] read to {offset} of {highwater}, fetch at {position}")
+    if not _stalled(recovery, now, limit):
+        return False  # it read or ended meanwhile
     log.warning(
         "table recovery read no changelog record for %.0f s with %d partition(s) behind (%s); restarting it",
         limit,

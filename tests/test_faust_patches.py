@@ -306,3 +306,38 @@ def test_a_stalled_recovery_is_restarted_once_and_says_where_each_partition_stan
     recovery.signal_recovery_start.clear()
     recovery.in_recovery = False
     assert not check(1e6)
+
+
+@pytest.mark.parametrize("meanwhile", ["reads a record", "ends"])
+def test_a_recovery_that_moves_while_the_positions_are_asked_is_not_restarted(
+    meanwhile: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fetch positions come from the consumer's thread, and the recovery goes on while they are
+    asked. Stalled at 140 when the check begins, it then reads the record it waited for, or ends: the
+    check sees it and does not restart it (after its end, a restart would recover the tables of a
+    worker that already runs on them)."""
+    from faust.types import TP
+
+    behind = TP("app-tasks-changelog", 4)
+    recovery = SimpleNamespace(
+        in_recovery=True,
+        signal_recovery_start=asyncio.Event(),
+        _recovery_started_at=100.0,
+        _active_events_received_at={},
+        active_offsets={behind: -1},
+        active_highwaters={behind: 0},
+    )
+
+    class Consumer:
+        async def position(self, tp: TP) -> int:
+            if meanwhile == "reads a record":
+                recovery._active_events_received_at[behind] = 140.5
+                recovery.active_offsets[behind] = 0
+            else:
+                recovery.in_recovery = False
+            return 1
+
+    with caplog.at_level("WARNING", logger="pipeline.faust_patches"):
+        assert not asyncio.run(restart_if_stalled(recovery, Consumer(), 30.0, 140.0))
+    assert not recovery.signal_recovery_start.is_set()
+    assert caplog.records == []

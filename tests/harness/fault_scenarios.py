@@ -701,11 +701,24 @@ def _every_job_progresses(watch: Watch, processes: Processes, traces: Sequence[J
     before = latest()
     last = {t.job_id: float(t.checkpoints[-1]) for t in traces}
 
-    def moved() -> bool:
+    def not_moved() -> list[str]:
         now = latest()
-        return all(now.get(j, -math.inf) > before.get(j, -math.inf) or before.get(j) == last[j] for j in last)
+        return [
+            j
+            for j in last
+            if not (now.get(j, -math.inf) > before.get(j, -math.inf) or before.get(j) == last[j])
+        ]
 
-    return watch.wait(moved, PROGRESS_TIMEOUT_S, processes, "every job to have a new checkpoint evaluated")
+    try:
+        return watch.wait(
+            lambda: not not_moved(),
+            PROGRESS_TIMEOUT_S,
+            processes,
+            "every job to have a new checkpoint evaluated",
+        )
+    except ScenarioTimeout as timeout:  # name the jobs that did not move, and where they stopped
+        stuck = "; ".join(f"{j} evaluated to {before.get(j, '-')} s of {last[j]:g} s" for j in not_moved())
+        raise ScenarioTimeout(f"{stuck}: {timeout}") from None
 
 
 # ------------------------------------------------------------------------------------ scenarios
