@@ -188,8 +188,9 @@ def record_priced() -> None:
 
 
 def start_worker(variant: str, copies: bool) -> None:
-    if variant != "none":
-        VARIANTS[variant]()
+    for name in variant.split("+"):
+        if name != "none":
+            VARIANTS[name]()
     if copies:
         record_priced()
 
@@ -242,7 +243,12 @@ def main() -> None:
     p.add_argument("--checkpoint-seconds", type=float, default=60.0)
     p.add_argument("--policies", default="", help="comma-separated policy specs")
     p.add_argument("--tail-likelihood", action="store_true", help="score the tail scales instead")
-    p.add_argument("--variant", choices=("none", *VARIANTS), default="none")
+    p.add_argument(
+        "--variant",
+        choices=("none", *VARIANTS, *(f"{a}+{b}" for a in VARIANTS for b in VARIANTS if a < b)),
+        default="none",
+        help="a part of the policy replaced, or two (e.g. tail+wait)",
+    )
     p.add_argument("--cache", type=Path, help="pickle of the loaded jobs, written on the first run")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--copies", type=Path, help="write each priced copy's estimates and race (JSON lines)")
