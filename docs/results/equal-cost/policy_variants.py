@@ -18,6 +18,8 @@ import dataclasses
 import multiprocessing
 import os
 import pickle
+import runpy
+import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -238,8 +240,10 @@ def run_job(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", type=Path, required=True)
-    p.add_argument("--half", choices=("tune", "report"), required=True)
+    p.add_argument("--trace", type=Path, help="the Google 2011 trace (not with --synthetic)")
+    p.add_argument("--half", choices=("tune", "report"), help="one half of the real trace's jobs")
+    p.add_argument("--synthetic", type=int, metavar="SEED", help="the synthetic set of this seed instead")
+    p.add_argument("--jobs", type=int, default=40, help="synthetic jobs (default 40)")
     p.add_argument("--checkpoint-seconds", type=float, default=60.0)
     p.add_argument("--policies", default="", help="comma-separated policy specs")
     p.add_argument("--tail-likelihood", action="store_true", help="score the tail scales instead")
@@ -252,14 +256,32 @@ def main() -> None:
     p.add_argument("--cache", type=Path, help="pickle of the loaded jobs, written on the first run")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--copies", type=Path, help="write each priced copy's estimates and race (JSON lines)")
+    p.add_argument(
+        "--script",
+        nargs=argparse.REMAINDER,
+        help="run this single-process script, with its arguments, under the variant instead "
+        "(e.g. --variant tail --script scripts/truth_gate.py --trace ... --checkpoint-seconds 60)",
+    )
     args = p.parse_args()
+    if args.script:
+        start_worker(args.variant, False)
+        sys.argv = args.script
+        runpy.run_path(args.script[0], run_name="__main__")
+        return
+    if (args.synthetic is None) == (args.trace is None) or (args.synthetic is None) != bool(args.half):
+        p.error("give --trace and --half, or --synthetic SEED")
     if args.cache and args.cache.exists():
         traces = pickle.loads(args.cache.read_bytes())
+    elif args.synthetic is not None:
+        traces = load_traces(
+            "synthetic", None, checkpoint_seconds=args.checkpoint_seconds, jobs=args.jobs, seed=args.synthetic
+        )
     else:
         traces = load_traces("google-2011", args.trace, checkpoint_seconds=args.checkpoint_seconds)
-        if args.cache:
-            args.cache.write_bytes(pickle.dumps(traces))
-    traces = [t for t in traces if job_half(t.job_id) == args.half]
+    if args.cache and not args.cache.exists():
+        args.cache.write_bytes(pickle.dumps(traces))
+    if args.half:
+        traces = [t for t in traces if job_half(t.job_id) == args.half]
     if args.tail_likelihood:
         tail_likelihood(traces)
         return
@@ -282,9 +304,10 @@ def main() -> None:
         for _, by_reason, _ in rows:
             for reason, count in by_reason.items():
                 total[reason] = [a + b for a, b in zip(total.get(reason, [0, 0, 0]), count, strict=True)]
+        jobs = args.half or f"synthetic {args.synthetic}"
         reasons = " ".join(f"{r}: {c[0]} ({c[1]} won, {c[2]} lost)" for r, c in sorted(total.items()))
         print(
-            f"{args.variant} {args.half} {args.checkpoint_seconds:g} s {spec}: {jct:+.2%} at {gross:+.3%} "
+            f"{args.variant} {jobs} {args.checkpoint_seconds:g} s {spec}: {jct:+.2%} at {gross:+.3%} "
             f"gross, {copies} copies, {won / max(copies, 1):.0%} won, {len(rows)} jobs | {reasons}",
             flush=True,
         )
