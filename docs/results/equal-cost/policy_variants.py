@@ -241,6 +241,7 @@ def run_job(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", type=Path, help="the Google 2011 trace (not with --synthetic)")
+    p.add_argument("--format", choices=("google-2011", "google-2011-usage"), default="google-2011")
     p.add_argument("--half", choices=("tune", "report"), help="one half of the real trace's jobs")
     p.add_argument("--synthetic", type=int, metavar="SEED", help="the synthetic set of this seed instead")
     p.add_argument("--jobs", type=int, default=40, help="synthetic jobs (default 40)")
@@ -268,8 +269,9 @@ def main() -> None:
         sys.argv = args.script
         runpy.run_path(args.script[0], run_name="__main__")
         return
-    if (args.synthetic is None) == (args.trace is None) or (args.synthetic is None) != bool(args.half):
-        p.error("give --trace and --half, or --synthetic SEED")
+    halves = args.trace is not None and args.format == "google-2011"
+    if (args.synthetic is None) == (args.trace is None) or halves != bool(args.half):
+        p.error("give --trace and --half (--half only with --format google-2011), or --synthetic SEED")
     if args.cache and args.cache.exists():
         traces = pickle.loads(args.cache.read_bytes())
     elif args.synthetic is not None:
@@ -277,7 +279,7 @@ def main() -> None:
             "synthetic", None, checkpoint_seconds=args.checkpoint_seconds, jobs=args.jobs, seed=args.synthetic
         )
     else:
-        traces = load_traces("google-2011", args.trace, checkpoint_seconds=args.checkpoint_seconds)
+        traces = load_traces(args.format, args.trace, checkpoint_seconds=args.checkpoint_seconds)
     if args.cache and not args.cache.exists():
         args.cache.write_bytes(pickle.dumps(traces))
     if args.half:
@@ -304,7 +306,7 @@ def main() -> None:
         for _, by_reason, _ in rows:
             for reason, count in by_reason.items():
                 total[reason] = [a + b for a, b in zip(total.get(reason, [0, 0, 0]), count, strict=True)]
-        jobs = args.half or f"synthetic {args.synthetic}"
+        jobs = args.half or (f"synthetic {args.synthetic}" if args.trace is None else str(args.trace))
         reasons = " ".join(f"{r}: {c[0]} ({c[1]} won, {c[2]} lost)" for r, c in sorted(total.items()))
         print(
             f"{args.variant} {jobs} {args.checkpoint_seconds:g} s {spec}: {jct:+.2%} at {gross:+.3%} "
