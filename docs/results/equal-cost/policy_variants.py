@@ -1,5 +1,6 @@
-"""Scratch variants of `Speculate` on one half of the real trace, with each copy's race counted by
-the reason its command gives (the harness of docs/results.md, "Tried and not shipped").
+"""Scratch variants of `Speculate` on one half of the real trace (or the synthetic set, or a usage
+trace), with each copy's race counted by the reason its command gives (the harness of
+docs/results.md, "Tried and not shipped").
 
     .venv/bin/python docs/results/equal-cost/policy_variants.py --trace ../shared/traces/google-2011 \
         --half tune --checkpoint-seconds 60 --variant gate --policies speculate@32/none/gross,spark
@@ -33,7 +34,7 @@ import straggler.core.survival as survival
 from straggler.core.policies import HoldKind
 from straggler.core.policy_spec import make_policy
 from straggler.evaluation import EvaluationConfig, online_job
-from straggler.simulation import checkpoint_interval, figures, recorded_steps, run_closed_loop
+from straggler.simulation import checkpoint_interval, figures, mean_figures, recorded_steps, run_closed_loop
 from straggler.traces.loading import job_half, load_traces
 
 
@@ -169,6 +170,7 @@ def record_priced() -> None:
             est = estimate()
             row = {t: i for i, t in enumerate(est.ids)}
             finished = np.fromiter(job.finished.values(), dtype=float)
+            median, longest = float(np.median(finished)), float(finished.max())
             for task_id in chosen.tasks:
                 PRICED.append(
                     {
@@ -176,8 +178,8 @@ def record_priced() -> None:
                         "attempt": job.running[task_id].attempt,
                         "at": at,
                         "ran": at - job.running[task_id].start,
-                        "median_finished": float(np.median(finished)),
-                        "longest_finished": float(finished.max()),
+                        "median_finished": median,
+                        "longest_finished": longest,
                         "share_finished": len(job.finished) / (len(job.finished) + len(job.running)),
                         "running": len(job.running),
                         "probability": job.running[task_id].probability,
@@ -233,7 +235,10 @@ def run_job(
         count[0] += 1
         count[1] += outcome.get(key) is True
         count[2] += outcome.get(key) is False
-    priced = [{"job": trace.job_id, **c, "won": outcome.get((c["task"], c["attempt"]))} for c in PRICED]
+    priced = [
+        {"policy": spec, "job": trace.job_id, **c, "won": outcome.get((c["task"], c["attempt"]))}
+        for c in PRICED
+    ]
     PRICED.clear()
     return figures(run.outcome), by_reason, priced
 
@@ -256,7 +261,9 @@ def main() -> None:
     )
     p.add_argument("--cache", type=Path, help="pickle of the loaded jobs, written on the first run")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--copies", type=Path, help="write each priced copy's estimates and race (JSON lines)")
+    p.add_argument(
+        "--copies", type=Path, help="write each policy's priced copies: estimates and race (JSON lines)"
+    )
     p.add_argument(
         "--script",
         nargs=argparse.REMAINDER,
@@ -287,6 +294,7 @@ def main() -> None:
     if args.tail_likelihood:
         tail_likelihood(traces)
         return
+    priced: list[dict[str, Any]] = []
     for spec in filter(None, args.policies.split(",")):
         with ProcessPoolExecutor(
             args.workers,
@@ -295,13 +303,9 @@ def main() -> None:
             initargs=(args.variant, args.copies is not None),
         ) as pool:
             rows = list(pool.map(run_job, [(t, spec, args.checkpoint_seconds) for t in traces], chunksize=4))
-        if args.copies:
-            lines = (orjson.dumps(c).decode() + "\n" for *_, priced in rows for c in priced)
-            args.copies.write_text("".join(lines))
-        jct = np.mean([f["jct_reduction"] for f, *_ in rows])
-        gross = np.mean([f["gross_extra_machine_time"] for f, *_ in rows])
-        copies = sum(int(f["copies"]) for f, *_ in rows)
-        won = sum(int(f["copies_won"]) for f, *_ in rows)
+        priced += (c for *_, job_priced in rows for c in job_priced)
+        means = mean_figures([f for f, *_ in rows])
+        copies = int(means["copies"])
         total: dict[str, list[int]] = {}
         for _, by_reason, _ in rows:
             for reason, count in by_reason.items():
@@ -309,10 +313,13 @@ def main() -> None:
         jobs = args.half or (f"synthetic {args.synthetic}" if args.trace is None else str(args.trace))
         reasons = " ".join(f"{r}: {c[0]} ({c[1]} won, {c[2]} lost)" for r, c in sorted(total.items()))
         print(
-            f"{args.variant} {jobs} {args.checkpoint_seconds:g} s {spec}: {jct:+.2%} at {gross:+.3%} "
-            f"gross, {copies} copies, {won / max(copies, 1):.0%} won, {len(rows)} jobs | {reasons}",
+            f"{args.variant} {jobs} {args.checkpoint_seconds:g} s {spec}: {means['jct_reduction']:+.2%} at "
+            f"{means['gross_extra_machine_time']:+.3%} gross, {copies} copies, "
+            f"{means['copies_won'] / max(copies, 1):.0%} won, {len(rows)} jobs | {reasons}",
             flush=True,
         )
+    if args.copies:
+        args.copies.write_text("".join(orjson.dumps(c).decode() + "\n" for c in priced))
 
 
 if __name__ == "__main__":
