@@ -59,7 +59,7 @@ class MitigationMetrics:
         self.jobs = Gauge("straggler_mitigator_jobs", "jobs whose state the consumer holds", registry=r)
         self.watchdog_restarts = Counter(
             "straggler_mitigator_watchdog_restarts",
-            "consumer processes the watchdog killed and restarted because they were stuck",
+            "consumer processes the watchdog replaced: stuck, killed by a signal or failed transiently",
             registry=r,
         )
         self.lag = LagGauge("straggler_mitigator_consumer_lag", "input records not yet committed", r)

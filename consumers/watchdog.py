@@ -8,6 +8,10 @@ supervisor kills the child and starts a new one. That is safe by construction: t
 ``init_transactions`` fences the old transactional id and aborts its open transaction, and its
 state is rebuilt from the committed input offsets, exactly as after a SIGKILL (fault scenario 2).
 
+A child that fails with a Kafka error librdkafka calls retriable and not fatal (a transactional call
+that still times out after its retries, seen a minute after a broker restart) is replaced the same
+way: a new instance gets past what the old one could not, for the same reason.
+
 The child dies with the supervisor (``PR_SET_PDEATHSIG``), so killing ``straggler mitigate`` kills
 the consumer too; a SIGTERM or SIGINT to the supervisor is passed on, and the child finishes the
 transaction in flight before it exits.
@@ -28,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
 
 from consumers.mitigation import MitigationConsumer, MitigationStats
 from straggler.argtypes import configure_logging
@@ -82,9 +88,19 @@ def _child(
         consumer.metrics.watchdog_restarts.inc(restarts)  # this child's endpoint carries on the count
         stats = consumer.run(stop=stop, idle_timeout=idle_timeout)
     except Exception as exc:  # reported to the supervisor, which decides
-        results.put(("error", f"{type(exc).__name__}: {exc}"))
+        results.put((failure_kind(exc), f"{type(exc).__name__}: {exc}"))
         raise SystemExit(1) from exc
     results.put(("stats", asdict(stats)))
+
+
+def failure_kind(exc: BaseException) -> str:
+    """``"transient"`` for a Kafka error librdkafka marks retriable and not fatal (a timeout while a
+    restarted broker's coordinator comes back), which a new consumer gets past; ``"error"`` for any
+    other failure (a fatal or fenced producer, a bad option), which a new one would repeat."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    if isinstance(error, KafkaError) and error.retriable() and not error.fatal():
+        return "transient"
+    return "error"
 
 
 def supervise(
@@ -96,14 +112,16 @@ def supervise(
     stop: threading.Event | None = None,
     on_restart: Callable[[int], None] | None = None,
     verbose: bool = False,
+    target: Callable[..., None] = _child,
 ) -> SupervisedRun:
     """Run `MitigationConsumer(**options)` in a child process; restart it when it stalls.
 
     A child that fails (a fatal Kafka error, a bad option) is not restarted: that is not a stall, and
     a restart would fail the same way. A child killed by a signal it did not ask for (librdkafka
-    aborts on some broker restarts) is restarted like a stuck one: it said nothing, and a restart is
-    as safe as after a SIGKILL. At most ``max_restarts`` restarts, so a broker that never comes back
-    ends the run instead of looping forever.
+    aborts on some broker restarts), or failing with a transient Kafka error (`failure_kind`), is
+    restarted like a stuck one: a restart is as safe as after a SIGKILL. At most ``max_restarts``
+    restarts, so a broker that never comes back ends the run instead of looping forever. ``target``
+    is the child's body, `_child` (its arguments are `_child`'s).
     """
     context = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue = context.Queue()
@@ -112,12 +130,12 @@ def supervise(
     while True:
         beat = context.Value("d", time.monotonic(), lock=False)
         child = context.Process(
-            target=_child,
+            target=target,
             args=(options, beat, results, idle_timeout, os.getpid(), restarts, verbose),
             name="mitigation-consumer",
         )
         child.start()
-        stalled = False
+        replace = False
         stopping = False
         while child.is_alive():
             child.join(0.5)
@@ -131,20 +149,23 @@ def supervise(
                 )
                 child.kill()
                 child.join()
-                stalled = True
+                replace = True
         kind, payload = _result(results)
-        if kind == "none" and not stalled and not stopping and (child.exitcode or 0) < 0:
+        if kind == "none" and not replace and not stopping and (child.exitcode or 0) < 0:
             log.warning("mitigation consumer died of signal %d: restarting it", -(child.exitcode or 0))
-            stalled = True
+            replace = True
         if kind == "stats":
             for f in fields(MitigationStats):
                 setattr(total, f.name, getattr(total, f.name) + payload[f.name])
-        elif kind == "error":
+        elif kind == "transient" and not stopping:
+            log.warning("mitigation consumer failed with %s (transient): restarting it", payload)
+            replace = True
+        elif kind in ("error", "transient"):
             log.error("mitigation consumer failed: %s", payload)
-        if not stalled or (stop is not None and stop.is_set()):
+        if not replace or (stop is not None and stop.is_set()):
             return SupervisedRun(total, restarts, 0 if kind == "stats" else 1)
         if restarts >= max_restarts:
-            log.error("mitigation consumer stalled %d times; giving up", restarts + 1)
+            log.error("mitigation consumer stalled or failed %d times; giving up", restarts + 1)
             return SupervisedRun(total, restarts, 1)
         restarts += 1
         if on_restart is not None:
