@@ -152,7 +152,8 @@ def plot_frontier(summary: dict[str, Any], path: Path) -> bool:
         if not points:
             continue
         x, y, _ = zip(*points, strict=True)
-        style = {"spark": "--s", "speculate": "-o"}.get(family, ":v" if family.endswith("/gross") else "-.^")
+        other = ":D" if family.endswith("/late") else ":v" if family.endswith("/gross") else "-.^"
+        style = {"spark": "--s", "speculate": "-o"}.get(family, other)
         ax.plot(100 * np.array(x), 100 * np.array(y), style, color=colours[name], label=f"{name} / {family}")
         for xi, yi, label in points:
             ax.annotate(label, (100 * xi, 100 * yi), fontsize=6)

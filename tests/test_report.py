@@ -282,8 +282,8 @@ def test_written_pngs_show_each_methods_colour(tmp_path: Path) -> None:
 
 
 def frontier_summary() -> dict[str, Any]:
-    """One method at two prices, over Spark 4.0's floor and priced gross with none, and Spark's rule
-    at four multipliers."""
+    """One method at two prices, over Spark 4.0's floor and priced gross with none (and late), and
+    Spark's rule at four multipliers."""
     summary = handmade_summary()
 
     def point(jct: float, gross: float) -> dict[str, float]:
@@ -295,6 +295,7 @@ def frontier_summary() -> dict[str, Any]:
             "speculate": point(0.08, 0.05),
             "speculate@32/spark": point(0.05, 0.01),
             "speculate@64/none/gross": point(0.04, 0.005),
+            "speculate@24/none/gross/late": point(0.035, 0.004),
             "spark@5": point(0.02, 0.006),
             "spark": point(0.03, 0.012),
             "spark@1.5": point(0.09, 0.06),
@@ -353,5 +354,6 @@ def test_the_frontier_plot_draws_a_curve_per_family_sorted_by_machine_time(
     np.testing.assert_allclose(ys(curves["alpha / speculate/spark"]), [5.0])
     np.testing.assert_allclose(ys(curves["alpha / speculate/none/gross"]), [4.0])
     assert curves["alpha / speculate/none/gross"].get_marker() == "v"  # gross prices drawn apart
+    assert curves["alpha / speculate/none/gross/late"].get_marker() == "D"  # and /late apart from them
     assert ax.get_xscale() == "symlog"  # the cheap points, where Spark 4.0 sits, spread out
     assert not report.plot_frontier(handmade_summary(), tmp_path / "none.png")

@@ -164,7 +164,7 @@ def test_a_machine_price_is_spelled_after_at() -> None:
         ("speculate/none/none", "[/FLOOR][/gross]"),
         ("speculate//gross", "[/FLOOR][/gross]"),
         ("speculate/", "[/FLOOR][/gross]"),
-        ("spark/gross", "only speculate takes a floor or a gross price"),
+        ("spark/gross", "only speculate takes a floor, a gross price or late"),
         ("speculate:x@4", "integer M"),
         ("speculate@cheap/none", "a number after '@'"),
         ("speculate:x/gross", "integer M"),
@@ -746,11 +746,11 @@ def test_once_the_curve_is_trusted_a_likely_straggler_is_priced() -> None:
     assert copy.reason.startswith("copy: job ") and "extra machine time" in copy.reason
 
 
-def sure_copy(elapsed: float, probability: float) -> list[str]:
+def sure_copy(elapsed: float, probability: float, priced_after: float = 0.0) -> list[str]:
     """A small job checkpointed every 300 s: 9 tasks of 10-20 s and one of 120 s finished; one task
     ``elapsed`` into its run, said to pass 30 s with ``probability``: the reasons of its copies. A
     copy most likely ends first, but its loser runs on for half the spacing, too dear for the price."""
-    policy = Speculate(checkpoint_interval=300.0, floor=None)
+    policy = Speculate(checkpoint_interval=300.0, floor=None, priced_after=priced_after)
     for i, latency in enumerate([*np.linspace(10.0, 20.0, 9), 120.0]):
         policy.on_task_finished("job", f"done-{i}", float(latency), float(latency))
     decision = verdict("task", 300.0, elapsed, threshold=30.0, probability=probability)
@@ -788,3 +788,52 @@ def test_a_task_sure_not_to_straggle_is_copied_by_neither_the_price_nor_the_floo
     fresh = Speculate(checkpoint_interval=10.0, floor=policy.floor)
     assert sure_normal_job(fresh, 1e-2) == ["long"]
     assert sure_normal_job(Spark(SparkRule(1.5, 0.75)), 1e-4) == ["long"]
+
+
+def late_copies(policy: Speculate, elapsed: float, probability: float) -> list[str]:
+    """The tasks copied when a flagged task has run ``elapsed`` in a job of 95 finished (median 107 s)."""
+    finished_job(policy)
+    verdicts = [verdict("slow", elapsed, elapsed, flagged=True, probability=probability)]
+    return [a.task_id for a in policy.on_checkpoint("job", elapsed, verdicts) if a.action == "duplicate"]
+
+
+def test_late_weighs_a_task_only_once_it_has_run_one_and_a_half_times_the_median() -> None:
+    """``/late``: the cost rule leaves a task just past its job's body alone, whose remaining time the
+    exponential tail overrates, and says why; once it has run 1.5x the median it weighs it as before."""
+
+    def policy(spec: str) -> Speculate:
+        made = make_policy(spec, checkpoint_interval=10.0)
+        assert isinstance(made, Speculate)
+        return made
+
+    assert late_copies(policy("speculate@1/none/gross"), 120.0, 0.6) == ["slow"], "copied without /late"
+    late = policy("speculate@1/none/gross/late")
+    assert late.priced_after == 1.5 and late.name == "speculate@1/none/gross/late"
+    assert late_copies(late, 120.0, 0.6) == []
+    (hold,) = late.holds("job")
+    assert hold.kind == "rule"
+    assert hold.reason == "no copy: ran 120s, under 1.5x the job's median finished latency (107s) (p = 0.60)"
+    assert late_copies(policy("speculate@1/none/gross/late"), 170.0, 0.6) == ["slow"]
+
+
+def test_late_leaves_the_copies_that_need_no_price_and_the_floor_alone() -> None:
+    """A sure straggler is copied at once, and Spark's rule copies what it copies, however early for
+    the cost rule."""
+    (reason,) = sure_copy(10.0, 0.9999, priced_after=1.5)  # 10 s in, the median is 16 s
+    assert "a sure straggler, whose copy likely ends first" in reason
+    floor = SparkRule(1.1, 0.75)
+    assert late_copies(Speculate(1e6, floor=floor, priced_after=1.5), 140.0, 0.6) == ["slow"]
+    assert late_copies(Speculate(1e6, floor=None, priced_after=1.5), 140.0, 0.6) == []
+
+
+@pytest.mark.parametrize(
+    "spec", ["speculate/late/gross", "speculate@8/late/spark", "spark/late", "speculate/"]
+)
+def test_late_is_spelled_last_after_speculates_other_options(spec: str) -> None:
+    with pytest.raises(ValueError, match=r"\[/FLOOR\]\[/gross\]\[/late\]"):
+        make_policy(spec)
+
+
+def test_a_negative_priced_after_is_refused() -> None:
+    with pytest.raises(ValueError, match="priced_after must be a number >= 0"):
+        Speculate(priced_after=-1.0)

@@ -8,9 +8,12 @@
 ``speculate.../F`` the same over floor F instead of ``spark-legacy``: ``spark`` (Spark 4.0's rule) or
                   ``none`` (``speculate@64/spark``, say), to compare it with Spark 4.0's rule at its
                   machine time;
-``speculate.../gross`` (last) the same pricing a copy at its gross machine time, with no credit for
+``speculate.../gross`` the same pricing a copy at its gross machine time, with no credit for
                   the original its win kills (`straggler.core.speculation.gross_machine_time`):
                   ``speculate@64/none/gross``;
+``speculate.../late`` (last) the same with the cost rule weighing only tasks that have run 1.5x their
+                  job's median finished latency (`straggler.core.speculation.LATE`):
+                  ``speculate@24/none/gross/late``;
 ``spark``         Spark's speculative execution at Spark 4.0's defaults: a copy of a task running
                   over 3x the median finished latency once 90 % of the tasks finished;
 ``spark-legacy``  the same at the defaults before Spark 4.0 (1.5x once 75 % finished), the floor
@@ -30,6 +33,7 @@ from __future__ import annotations
 from straggler.core.policies import Limited, Mantri, MitigationPolicy, Unlimited
 from straggler.core.speculation import (
     DEFAULT_MACHINE_PRICE,
+    LATE,
     SPARK_4,
     SPARK_LEGACY,
     MachineTime,
@@ -45,7 +49,7 @@ FLOORS: dict[str, SparkRule | None] = {"spark": SPARK_4, "spark-legacy": SPARK_L
 """The floors ``speculate[...]/FLOOR`` names: Spark's rule at Spark 4.0's or the older defaults, or none."""
 DEFAULT_POLICY = "speculate"
 POLICY_SPECS = (
-    "speculate[:M][@PRICE][/FLOOR][/gross], spark[@MULTIPLIER], spark-legacy[@MULTIPLIER], "
+    "speculate[:M][@PRICE][/FLOOR][/gross][/late], spark[@MULTIPLIER], spark-legacy[@MULTIPLIER], "
     "relaunch (or unlimited), limited:M, mantri or mantri-duplicate[:M]"
 )
 
@@ -53,8 +57,8 @@ POLICY_SPECS = (
 def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPolicy:
     """The policy named by ``spec`` (see the module docstring)."""
     priced_part, slashed, after = spec.partition("/")
-    floor, machine_time = (
-        _speculate_options(spec, priced_part, after) if slashed else (SPARK_LEGACY, net_machine_time)
+    floor, machine_time, priced_after = (
+        _speculate_options(spec, priced_part, after) if slashed else (SPARK_LEGACY, net_machine_time, 0.0)
     )
     base, priced, price_text = priced_part.partition("@")
     name, counted, count = base.partition(":")
@@ -81,6 +85,7 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
                 checkpoint_interval=checkpoint_interval,
                 floor=floor,
                 machine_time=machine_time,
+                priced_after=priced_after,
             )
         except ValueError as error:
             raise ValueError(f"policy {spec!r}: {error}") from None
@@ -99,17 +104,31 @@ def make_policy(spec: str, checkpoint_interval: float = 300.0) -> MitigationPoli
     raise ValueError(f"unknown policy {spec!r}; use {POLICY_SPECS}")
 
 
-def _speculate_options(spec: str, priced_part: str, after: str) -> tuple[SparkRule | None, MachineTime]:
-    """The floor and the pricing named after ``speculate[:M][@PRICE]/``: ``FLOOR``, ``gross`` or both."""
+def _speculate_options(
+    spec: str, priced_part: str, after: str
+) -> tuple[SparkRule | None, MachineTime, float]:
+    """The floor, the pricing and ``priced_after`` named after ``speculate[:M][@PRICE]/``: ``FLOOR``,
+    ``gross``, ``late``, in that order, each optional (one at least)."""
     options = after.split("/")
-    gross = options[-1] == "gross"
+    late = options[-1] == "late"
+    options = options[:-1] if late else options
+    gross = bool(options) and options[-1] == "gross"
     floors = options[:-1] if gross else options
-    if not priced_part.startswith("speculate") or len(floors) > 1 or not set(floors) <= FLOORS.keys():
+    if (
+        not priced_part.startswith("speculate")
+        or len(floors) > 1
+        or not set(floors) <= FLOORS.keys()
+        or not (floors or gross or late)
+    ):
         raise ValueError(
-            f"policy {spec!r}: only speculate takes a floor or a gross price, as "
-            f"speculate[:M][@PRICE][/FLOOR][/gross] with FLOOR one of {', '.join(FLOORS)}"
+            f"policy {spec!r}: only speculate takes a floor, a gross price or late, as "
+            f"speculate[:M][@PRICE][/FLOOR][/gross][/late] with FLOOR one of {', '.join(FLOORS)}"
         )
-    return FLOORS[floors[0]] if floors else SPARK_LEGACY, gross_machine_time if gross else net_machine_time
+    return (
+        FLOORS[floors[0]] if floors else SPARK_LEGACY,
+        gross_machine_time if gross else net_machine_time,
+        LATE if late else 0.0,
+    )
 
 
 def _machines(spec: str, name: str, count: str) -> int:

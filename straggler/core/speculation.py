@@ -11,8 +11,9 @@ rule copies the prefix of candidates (ordered by the time a copy saves the task)
 Spark's rule (`SparkRule`) is its floor. Some copies need no price (`Speculate.at_once`): before a
 job has finished enough tasks to trust its curve, a likely straggler (`EARLY_CONFIDENCE`); after, a
 sure one (`SURE`) whose copy is expected to end first; a task sure not to straggle is never copied
-(`_sure_normal`). `Spark` is Spark's rule alone, `MantriDuplicate` Mantri's duplicate test on the
-same estimates.
+(`_sure_normal`). With ``priced_after`` (``speculate.../late``) the cost rule weighs only tasks that
+have outrun the job's median finished latency by that factor. `Spark` is Spark's rule alone,
+`MantriDuplicate` Mantri's duplicate test on the same estimates.
 
 The rule's derivation: docs/architecture.md, "Policies and speculation".
 """
@@ -175,6 +176,12 @@ straggle stays bounded by the threshold where its times are scaled (`_estimate`)
 probabilities are clipped to [1e-4, 1 - 1e-4] (`_weigh_verdict`), so only verdicts near-certain at
 every checkpoint reach it; a task sure not to straggle is no candidate of the cost rule or the floor
 (`_sure_normal`)."""
+LATE = SPARK_LEGACY.multiplier
+"""``speculate.../late``'s ``priced_after``: the cost rule weighs a task once it has run 1.5x its job's
+median finished latency, Spark's older multiplier. Before that its remaining time is read off the
+curve's exponential tail, which overrates it for tasks just past the body of a one-wave job: on the
+real trace's tuning half at 60 s, priced copies of tasks at 1-1.5x the median won 40 % of their races
+(docs/results.md, "At equal machine time")."""
 DEFAULT_MACHINE_PRICE = 8.0
 """The measured knee on the real and synthetic traces, with an earlier policy
 (`git show 96386f7:docs/results.md`, §9)."""
@@ -230,6 +237,10 @@ class Speculate(MitigationPolicy):
         What a copy is priced at: `net_machine_time` (the default) or `gross_machine_time`, which
         makes the cheapest points of the price sweep far cheaper (docs/results.md, "At equal machine
         time").
+    priced_after
+        The cost rule weighs a running task only once it has run this many times the job's median
+        finished latency (0, the default: from its start; `LATE` for ``speculate.../late``). The
+        copies that need no price and the floor's are made as before.
     """
 
     def __init__(
@@ -242,6 +253,7 @@ class Speculate(MitigationPolicy):
         stuck_prior: float = 0.001,
         floor: SparkRule | None = SPARK_LEGACY,
         machine_time: MachineTime = net_machine_time,
+        priced_after: float = 0.0,
     ) -> None:
         if not 0 < machine_price < math.inf:
             raise ValueError(f"machine_price must be a positive number, got {machine_price}")
@@ -249,6 +261,8 @@ class Speculate(MitigationPolicy):
             raise ValueError(f"budget must be >= 0, got {budget}")
         if machines is not None and machines < 1:
             raise ValueError(f"speculate needs at least one machine, got {machines}")
+        if not 0.0 <= priced_after < math.inf:
+            raise ValueError(f"priced_after must be a number >= 0, got {priced_after}")
         if not checkpoint_interval > 0 or grid_points < 8:
             raise ValueError("checkpoint_interval must be positive and grid_points >= 8")
         self.machine_price = machine_price
@@ -261,6 +275,7 @@ class Speculate(MitigationPolicy):
         self.stuck_prior = stuck_prior
         self.floor = floor
         self.machine_time = machine_time
+        self.priced_after = priced_after
         self.name = self._spec()
         self._jobs: dict[str, _Job] = {}
 
@@ -273,6 +288,8 @@ class Speculate(MitigationPolicy):
             name += "/none" if self.floor is None else "/spark" if self.floor == SPARK_4 else "/spark-rule"
         if self.machine_time is gross_machine_time:
             name += "/gross"
+        if self.priced_after:
+            name += "/late" if self.priced_after == LATE else f"/late-after-{self.priced_after:g}"
         return name
 
     unplanned: HoldKind = "no_estimate"
@@ -392,8 +409,9 @@ class Speculate(MitigationPolicy):
             if job.held.get(task_id) == (running.attempt, kind):
                 continue
             job.held[task_id] = (running.attempt, kind)
+            early = kind == "rule" and self._too_early(job, at, task_id)
             why = {
-                "rule": f"{self.name}'s rule not met",
+                "rule": early or f"{self.name}'s rule not met",
                 "no_estimate": "no estimate of the job's remaining time yet (too few tasks finished)",
                 "price": f"its expected saving is not worth its machine time at price {self.machine_price:g}",
                 "budget": f"the job's copy budget ({self.budget:.0%} of its work) is spent",
@@ -404,6 +422,17 @@ class Speculate(MitigationPolicy):
             reason = f"no copy: {rule if kind == 'rule' and rule else '; '.join(filter(None, [why, rule]))}"
             reason += _p(running)
             job.notes.append(Hold(job_id, task_id, running.attempt, at, kind, reason, running.probability))
+
+    def _too_early(self, job: _Job, at: float, task_id: str) -> str | None:
+        """Why the cost rule does not weigh ``task_id`` yet (``priced_after``), or None."""
+        if not self.priced_after or not job.finished:
+            return None
+        median = _median_latency(job)
+        ran = at - job.running[task_id].start
+        if ran >= self.priced_after * median:
+            return None
+        under = f"under {self.priced_after:g}x the job's median finished latency"
+        return f"ran {ran:.0f}s, {under} ({median:.0f}s)"
 
     def _with_floor(self, job: _Job, at: float, plan: CopyPlan, estimate: Estimate) -> CopyPlan:
         """``plan`` with the floor rule's copies added (no budget, but within ``machines``)."""
@@ -433,21 +462,30 @@ class Speculate(MitigationPolicy):
             return at_once
         if est is None or not len(est.candidates):
             return NO_PLAN
-        tail = 1.0 - est.remaining[est.candidates]
-        fresh = est.fresh_rows(est.candidates)
+        held: dict[str, HoldKind] = {}
+        candidates = est.candidates
+        if self.priced_after:
+            median = _median_latency(job)
+            ran = np.array([at - job.running[est.ids[i]].start for i in candidates], dtype=np.float64)
+            late = ran >= self.priced_after * median
+            held.update(dict.fromkeys((est.ids[i] for i in candidates[~late]), "rule"))
+            candidates = candidates[late]
+            if not len(candidates):
+                return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
+        tail = 1.0 - est.remaining[candidates]
+        fresh = est.fresh_rows(candidates)
         gain = np.sum(tail * fresh, axis=1) * est.step  # E[(R - C)+]: what a copy saves the task
         copy_time = np.sum(tail * (1.0 - fresh), axis=1) * est.step  # E[min(R, C)]
         extra = self.machine_time(copy_time, gain) + 0.5 * min(self.checkpoint_interval, job.spacing)
         order = np.argsort(-gain, kind="stable")
-        held: dict[str, HoldKind] = {}
         if self.machines is not None:
             free = max(self.machines - len(job.races), 0)
-            held.update(dict.fromkeys((est.ids[i] for i in est.candidates[order[free:]]), "machines"))
+            held.update(dict.fromkeys((est.ids[i] for i in candidates[order[free:]]), "machines"))
             order = order[:free]
         if len(order) == 0:
             return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
         with_copy = 1.0 - tail[order] * (1.0 - (fresh if fresh.ndim == 1 else fresh[order]))
-        change = np.log(np.maximum(with_copy, TINY)) - est.log_cdf[est.candidates[order]]
+        change = np.log(np.maximum(with_copy, TINY)) - est.log_cdf[candidates[order]]
         ends = np.sum(1.0 - np.exp(est.all_done + np.cumsum(change, axis=0)), axis=1) * est.step
         savings = est.expected_end - ends
         costs = np.cumsum(extra[order])
@@ -457,10 +495,10 @@ class Speculate(MitigationPolicy):
         best = int(np.argmax(value))
         left = 0 if not value[best] > 0 else best + 1
         for k in range(left, len(order)):
-            held[est.ids[est.candidates[order[k]]]] = "price" if affordable[k] else "budget"
+            held[est.ids[candidates[order[k]]]] = "price" if affordable[k] else "budget"
         if left == 0:
             return CopyPlan([], 0.0, 0.0, math.nan, math.nan, held=held)
-        chosen = [est.ids[i] for i in est.candidates[order[:left]]]
+        chosen = [est.ids[i] for i in candidates[order[:left]]]
         return CopyPlan(chosen, float(savings[best]), float(costs[best]), est.completion, est.work, held=held)
 
     def at_once(self, job: _Job, est: _Estimates | None) -> CopyPlan:
@@ -494,6 +532,11 @@ class Speculate(MitigationPolicy):
             else "a sure straggler, whose copy likely ends first"
         )
         return CopyPlan(tasks, math.nan, 0.0, math.nan, math.nan, unpriced=why)
+
+
+def _median_latency(job: _Job) -> float:
+    """The median latency of the job's finished tasks (it has one)."""
+    return float(np.median(np.fromiter(job.finished.values(), dtype=np.float64)))
 
 
 @overload

@@ -52,6 +52,25 @@ def gate() -> None:
     speculation._estimate = gated
 
 
+def late() -> None:
+    """The cost rule weighs only tasks that have run at least LATE_RATIO (env, 1.5) times the job's
+    median finished latency: its copies of tasks just past the body of a one-wave job lose. At 1.5 it
+    is what the product's ``speculate.../late`` does (`Speculate.priced_after`); other ratios are
+    this harness's."""
+    estimate = speculation._estimate
+    ratio = float(os.environ.get("LATE_RATIO", "1.5"))
+
+    def late_only(job: Any, at: float, *args: Any, **kwargs: Any) -> Any:
+        est = estimate(job, at, *args, **kwargs)
+        if est is None or not len(est.candidates):
+            return est
+        median = float(np.median(np.fromiter(job.finished.values(), dtype=np.float64)))
+        keep = np.array([at - job.running[est.ids[i]].start >= ratio * median for i in est.candidates])
+        return dataclasses.replace(est, candidates=est.candidates[keep])
+
+    speculation._estimate = late_only
+
+
 def wait() -> None:
     """A priced copy waits where the same copy a checkpoint later is worth more (the plan's other
     copies made now): it then ends the task at min(R, spacing + C) and runs only if R > spacing."""
@@ -199,7 +218,7 @@ def start_worker(variant: str, copies: bool) -> None:
         record_priced()
 
 
-VARIANTS: dict[str, Callable[[], None]] = {"gate": gate, "wait": wait, "tail": fitted_tail}
+VARIANTS: dict[str, Callable[[], None]] = {"gate": gate, "wait": wait, "tail": fitted_tail, "late": late}
 
 
 def reason_of(text: str) -> str:
