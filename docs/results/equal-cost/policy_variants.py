@@ -53,22 +53,18 @@ def gate() -> None:
 
 
 def late() -> None:
-    """The cost rule weighs only tasks that have run at least LATE_RATIO (env, 1.5) times the job's
-    median finished latency: its copies of tasks just past the body of a one-wave job lose. At 1.5 it
-    is what the product's ``speculate.../late`` does (`Speculate.priced_after`); other ratios are
-    this harness's."""
-    estimate = speculation._estimate
+    """Every `Speculate` (not its subclasses) weighs only tasks that have run at least LATE_RATIO (env,
+    1.5) times the job's median finished latency: the product's `Speculate.priced_after`, which
+    ``speculate.../late`` sets to 1.5; other ratios are this harness's."""
+    init = speculation.Speculate.__init__
     ratio = float(os.environ.get("LATE_RATIO", "1.5"))
 
-    def late_only(job: Any, at: float, *args: Any, **kwargs: Any) -> Any:
-        est = estimate(job, at, *args, **kwargs)
-        if est is None or not len(est.candidates):
-            return est
-        median = float(np.median(np.fromiter(job.finished.values(), dtype=np.float64)))
-        keep = np.array([at - job.running[est.ids[i]].start >= ratio * median for i in est.candidates])
-        return dataclasses.replace(est, candidates=est.candidates[keep])
+    def late_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if type(self) is speculation.Speculate:
+            self.priced_after = ratio
 
-    speculation._estimate = late_only
+    speculation.Speculate.__init__ = late_init  # type: ignore[method-assign]
 
 
 def wait() -> None:
